@@ -1,0 +1,30 @@
+# make bench : set up, build, run the benchmark (CPU default when there is no GPU)
+# make test  : set up, build, run the tests
+# A virtual environment in $(VENV) holds everything; the extension builds in place, with
+# CUDA kernels when nvcc and a CUDA build of torch are there (setup.py decides).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH ?= torch==2.14.1
+
+.PHONY: setup build test bench clean
+
+$(VENV)/.setup-done: requirements-test.txt requirements-ultralytics.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH)" ninja pybind11 setuptools wheel -r requirements-test.txt
+	touch $@
+
+setup: $(VENV)/.setup-done
+
+build: setup
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	$(PY) -m psa_fa2_ext
+
+test: build
+	$(PY) -m pytest tests -q -ra
+
+bench: build
+	$(PY) bench/bench_attention.py
+
+clean:
+	rm -rf build *.egg-info psa_fa2_ext/*.so

@@ -1,0 +1,307 @@
+"""Model-level benchmark: YOLO11 n/s/m, Ultralytics' eager attention vs psa_fa2_ext.
+
+For each model (random weights from the yaml, nothing downloaded):
+- one AMP training step (fp16 autocast + GradScaler, forward + Ultralytics' detection
+  loss + backward + SGD step, as their trainer does) at each --train-sizes;
+- fp16 inference (BN fused, batch 1, as Ultralytics' predictor runs) at each --sizes.
+Each run is timed (median of CUDA-event timings after warm-up) and its peak allocated
+memory recorded, eager and patched in the same process. An eager run that runs out of
+memory is reported as "OOM" (that is the point of the large sizes: at 8000 px the P5
+map has N = 62 500 tokens and the eager N x N matrix alone needs ~31 GB per head in fp16).
+
+Without a GPU it runs a tiny CPU version (yolo11n, 320 px, one timed step, fp32) so the
+script itself stays tested.
+
+Writes ``bench/results/bench_model_<device>.json`` and ``.md``, and PNGs through
+``bench/plots.py`` (model peak memory; kernel speedup from bench_attention.py's JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import functools
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+try:
+    import psa_fa2_ext
+except ImportError:  # not installed: use the checkout this script lives in (built in place)
+    sys.path.insert(0, str(HERE.parent))
+    import psa_fa2_ext
+from psa_fa2_ext.patch import patch_ultralytics
+MODES = ("eager", "psa_fa2")
+
+
+def _progress(items, desc):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm is optional: print one line per job instead
+        total = len(items)
+
+        def plain():
+            for i, it in enumerate(items, 1):
+                print(f"[{desc} {i}/{total}] {it}", flush=True)
+                yield it
+
+        return plain()
+    return tqdm(items, desc=desc, dynamic_ncols=True)
+
+
+def _is_oom(e: BaseException) -> bool:
+    # cuDNN / cuBLAS report allocation failures as plain RuntimeErrors.
+    msg = str(e)
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in msg or "ALLOC_FAILED" in msg
+
+
+def _free(device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _measure(fn, device, warmup: int, iters: int) -> tuple[float, float | None]:
+    """(median ms, peak allocated MiB over the timed iterations; None on CPU)."""
+    for _ in range(warmup):
+        fn()
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(iters):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+    peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
+    return statistics.median(times), peak
+
+
+def _build(scale: str):
+    from ultralytics.cfg import get_cfg
+    from ultralytics.nn.tasks import DetectionModel
+
+    torch.manual_seed(0)
+    model = DetectionModel(f"yolo11{scale}.yaml", verbose=False)
+    model.args = get_cfg()  # the loss reads its box/cls/dfl gains from here, as in training
+    return model
+
+
+def _fake_batch(bs: int, imgsz: int, device, boxes_per_image: int = 8):
+    """Random images and normalised xywh boxes in the layout Ultralytics' loss expects."""
+    g = torch.Generator().manual_seed(0)
+    n = bs * boxes_per_image
+    return {
+        "img": torch.rand(bs, 3, imgsz, imgsz, generator=g).to(device),
+        "batch_idx": torch.arange(bs).repeat_interleave(boxes_per_image).float().to(device),
+        "cls": torch.randint(0, 80, (n, 1), generator=g).float().to(device),
+        "bboxes": (torch.rand(n, 4, generator=g) * 0.5 + 0.25).to(device),
+    }
+
+
+def _train_run(base, mode, imgsz, bs, device, amp, warmup, iters):
+    model = copy.deepcopy(base).to(device).train()
+    if mode == "psa_fa2":
+        patch_ultralytics(model)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.937, nesterov=True)
+    scaler = torch.amp.GradScaler(device.type, enabled=amp)
+    batch = _fake_batch(bs, imgsz, device)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=torch.float16, enabled=amp):
+            loss, _ = model.loss(batch)
+        scaler.scale(loss.sum()).backward()
+        scaler.step(opt)
+        scaler.update()
+
+    return _measure(step, device, warmup, iters)
+
+
+def _infer_run(base, mode, imgsz, device, dtype, warmup, iters):
+    model = copy.deepcopy(base).eval().fuse(verbose=False).to(device=device, dtype=dtype)
+    if mode == "psa_fa2":
+        patch_ultralytics(model)
+    x = torch.rand(1, 3, imgsz, imgsz, device=device, dtype=dtype)
+
+    def fwd():
+        with torch.inference_mode():
+            model(x)
+
+    return _measure(fwd, device, warmup, iters)
+
+
+def _run(job, fn, rows, device):
+    row = dict(job)
+    try:
+        ms, peak = fn()
+        row.update(status="ok", time_ms=round(ms, 3), peak_mib=None if peak is None else round(peak, 1))
+    except Exception as e:  # noqa: BLE001 - one failed configuration must not end the run
+        row.update(status="OOM" if _is_oom(e) else f"error: {type(e).__name__}: {str(e)[:200]}",
+                   time_ms=None, peak_mib=None)
+    _free(device)
+    rows.append(row)
+
+
+def _pairs(rows, keys):
+    """Group eager / psa_fa2 rows of the same configuration."""
+    out = {}
+    for r in rows:
+        out.setdefault(tuple(r[k] for k in keys), {})[r["mode"]] = r
+    return out
+
+
+def _fmt(r, field):
+    if r is None:
+        return "-"
+    if r["status"] != "ok":
+        return r["status"] if r["status"] == "OOM" else "error"
+    v = r[field]
+    return "n/a" if v is None else f"{v:,.1f}"
+
+
+def _ratio(a, b, field):
+    if a and b and a["status"] == b["status"] == "ok" and a[field] and b[field]:
+        return f"{a[field] / b[field]:.2f}x"
+    return "-"
+
+
+def markdown(results: dict) -> str:
+    meta = results["meta"]
+    lines = [
+        "# YOLO11 model benchmark: eager attention vs psa_fa2",
+        "",
+        f"{meta['device']} · torch {meta['torch']} · ultralytics {meta['ultralytics']} · {meta['date']}",
+        "",
+        "Ratios are eager / psa_fa2 (above 1: psa_fa2 is faster or smaller). Times are medians;"
+        " memory is peak allocated (weights, activations, optimiser state)."
+        "",
+        "",
+        f"## Training step ({meta['train_dtype']}, forward + loss + backward + SGD step)",
+        "",
+        "| model | imgsz | batch | P5 N | eager ms | psa_fa2 ms | speedup | eager MiB | psa_fa2 MiB | memory |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (model, imgsz, bs), p in _pairs(results["train"], ("model", "imgsz", "batch")).items():
+        e, f = p.get("eager"), p.get("psa_fa2")
+        lines.append(
+            f"| {model} | {imgsz} | {bs} | {(imgsz // 32) ** 2} | {_fmt(e, 'time_ms')} | {_fmt(f, 'time_ms')} | "
+            f"{_ratio(e, f, 'time_ms')} | {_fmt(e, 'peak_mib')} | {_fmt(f, 'peak_mib')} | {_ratio(e, f, 'peak_mib')} |"
+        )
+    lines += [
+        "",
+        f"## Inference ({meta['infer_dtype']}, BN fused, batch 1)",
+        "",
+        "| model | imgsz | P5 N | eager ms | psa_fa2 ms | speedup | eager MiB | psa_fa2 MiB | memory |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (model, imgsz), p in _pairs(results["infer"], ("model", "imgsz")).items():
+        e, f = p.get("eager"), p.get("psa_fa2")
+        lines.append(
+            f"| {model} | {imgsz} | {(imgsz // 32) ** 2} | {_fmt(e, 'time_ms')} | {_fmt(f, 'time_ms')} | "
+            f"{_ratio(e, f, 'time_ms')} | {_fmt(e, 'peak_mib')} | {_fmt(f, 'peak_mib')} | {_ratio(e, f, 'peak_mib')} |"
+        )
+    errors = [r for r in results["train"] + results["infer"] if r["status"].startswith("error")]
+    if errors:
+        lines += ["", "## Errors", ""] + [f"- {r['model']} {r['mode']} {r['imgsz']} px: {r['status']}" for r in errors]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> dict:
+    cuda = torch.cuda.is_available()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["n", "s", "m"] if cuda else ["n"], help="YOLO11 scales")
+    ap.add_argument("--sizes", nargs="+", type=int, default=[640, 1280, 4000, 8000] if cuda else [320],
+                    help="inference image sizes (multiples of 32)")
+    ap.add_argument("--train-sizes", nargs="+", type=int, default=[640, 1280] if cuda else [320])
+    ap.add_argument("--train-batch", type=int, default=16 if cuda else 1)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=5 if cuda else 1)
+    ap.add_argument("--big", type=int, default=2000, help="sizes from here on run 1 warm-up + 2 timed iterations")
+    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--attention-json", help="bench_attention.py's JSON for the kernel plot "
+                    "(default: the newest bench/results/*attention*.json)")
+    ap.add_argument("--no-plots", action="store_true")
+    args = ap.parse_args(argv)
+
+    import ultralytics
+
+    device = torch.device("cuda" if cuda else "cpu")
+    # fp16 on CPU convs is slow and not what anyone deploys there: measure fp32 instead.
+    amp, infer_dtype = cuda, torch.float16 if cuda else torch.float32
+    results = {
+        "meta": {
+            "device": torch.cuda.get_device_name(device) if cuda else f"CPU ({platform.processor() or platform.machine()})",
+            "torch": torch.__version__,
+            "ultralytics": ultralytics.__version__,
+            "psa_fa2_ext": getattr(psa_fa2_ext, "__version__", None),
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "train_dtype": "AMP fp16" if amp else "fp32",
+            "infer_dtype": str(infer_dtype).removeprefix("torch."),
+            "warmup": args.warmup,
+            "iters": args.iters,
+        },
+        "train": [],
+        "infer": [],
+    }
+
+    jobs = [("train", s, sz, m) for s in args.models for sz in args.train_sizes for m in MODES]
+    jobs += [("infer", s, sz, m) for s in args.models for sz in args.sizes for m in MODES]
+    base, base_scale = None, None
+    for kind, scale, imgsz, mode in _progress(jobs, "bench_model"):
+        if scale != base_scale:  # build each model once, copy it per run
+            base, base_scale = _build(scale), scale
+        warmup, iters = (min(args.warmup, 1), min(args.iters, 2)) if imgsz >= args.big else (args.warmup, args.iters)
+        job = {"model": f"yolo11{scale}", "mode": mode, "imgsz": imgsz}
+        if kind == "train":
+            job["batch"] = args.train_batch
+            fn = functools.partial(_train_run, base, mode, imgsz, args.train_batch, device, amp, warmup, iters)
+        else:
+            fn = functools.partial(_infer_run, base, mode, imgsz, device, infer_dtype, warmup, iters)
+        _run(job, fn, results[kind], device)
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"bench_model_{device.type}"
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / f"{stem}.md").write_text(markdown(results))
+    print(markdown(results))
+    if not args.no_plots:
+        _plots(results, out, stem, args.attention_json)
+    return results
+
+
+def _plots(results, out: Path, stem: str, attention_json):
+    try:
+        import plots  # bench/ is on sys.path when this file runs as a script
+    except ImportError:
+        from bench import plots
+    print("wrote", plots.plot_model_memory(results, out / f"{stem}_memory.png"))
+    if attention_json is None:
+        found = sorted(out.glob("*attention*.json"), key=lambda p: p.stat().st_mtime)
+        attention_json = found[-1] if found else None
+    if attention_json:
+        print("wrote", plots.plot_kernel_speedup(attention_json, out / "kernel_speedup.png"))
+    else:
+        print("no bench_attention.py JSON found: kernel speedup plot skipped")
+
+
+if __name__ == "__main__":
+    main()

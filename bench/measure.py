@@ -1,0 +1,144 @@
+"""One benchmark row: a peer's kernel time, wall time, peak memory and error, or why not."""
+import gc
+import statistics
+import warnings
+
+import torch
+
+import peers
+import timing
+from reference import rel_err
+
+
+def split_views(qkv, H, dk, dv):
+    # Exactly the block's line: [B, H*(2dk+dv), h, w] -> three [B, H, D, N] views.
+    B = qkv.shape[0]
+    N = qkv.shape[2] * qkv.shape[3]
+    return qkv.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2)
+
+
+def make_step(fn, mode, q, k, v, dout):
+    if mode == "fwd":
+        def step():
+            with torch.no_grad():
+                return fn(q, k, v)
+    else:
+        def step():
+            out = fn(q, k, v)
+            return (out, *torch.autograd.grad(out, (q, k, v), dout))
+    return step
+
+
+def is_oom(e):
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return True
+    msg = str(e).lower()
+    return "out of memory" in msg or "alloc_failed" in msg
+
+
+def short_error(e):
+    msg = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {msg[0][:160] if msg else ''}"
+
+
+def free(device):
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+
+
+def run_peer(name, case, mode, q, k, v, dout, ref, cfg):
+    """One row: time, memory and error of one peer, or why it could not run."""
+    row = dict(status="ok", note="", kernel_us=None, kernel_method=None, wall_us=None,
+               tflops=None, vs_ours=None, peak_mb=None, err_out=None, err_dq=None,
+               err_dk=None, err_dv=None)
+    device = case.device
+    try:
+        cands = peers.build(name, case)
+    except peers.Unsupported as e:
+        return dict(row, status="n/a", note=str(e))
+    chosen, failures = None, []
+    for cand in cands:
+        step = make_step(cand.fn, mode, q, k, v, dout)
+        oom = False
+        try:
+            # SDPA says why a forced backend refuses only in warnings: keep them for the note.
+            with warnings.catch_warnings(record=True) as caught, cand.context():
+                warnings.simplefilter("always")
+                warm = []
+                for i in range(cfg.warmup):
+                    warm.append(timing.host_time(step, device, 1))
+                    # The first call may compile; a slow second call needs no more warm-up.
+                    if i >= 1 and warm[-1] > 0.5:
+                        break
+            chosen = cand
+        except Exception as e:  # noqa: BLE001 - any failure of a peer becomes its row's note
+            # Keep only text: the traceback's frames would hold the failed call's tensors.
+            why = [str(w.message).strip().splitlines()[0][:160] for w in caught]
+            failures.append(short_error(e) + (f" ({why[0]})" if why else ""))
+            oom = is_oom(e)
+        free(device)
+        if oom:
+            return dict(row, status="OOM", note=failures[-1])
+        if chosen is not None:
+            break
+    if chosen is None:
+        return dict(row, status="n/a", note="; ".join(failures))
+    row["note"] = "; ".join(filter(None, [chosen.note] + [f"native failed: {f}" for f in failures]))
+    try:
+        with chosen.context():
+            res, peak = timing.with_peak_memory(step, device)
+            outs = res if isinstance(res, tuple) else (res,)
+            if tuple(outs[0].shape) != tuple(ref[0].shape):
+                raise RuntimeError(f"output shape {tuple(outs[0].shape)}, expected {tuple(ref[0].shape)}")
+            for key, x, r in zip(("err_out", "err_dq", "err_dk", "err_dv"), outs, ref):
+                row[key] = rel_err(x, r)
+            del res, outs
+            est = min(warm[1:] or warm)
+            # Calls of a second or more: few repeats, or one row would take minutes.
+            repeats = cfg.repeats if est < 0.5 else max(2, cfg.repeats // 3)
+            kt, method = timing.kernel_time(step, device, est, cfg.target_s, repeats)
+            n_wall = timing.iters_for(est, cfg.target_s)
+            wall = statistics.median(timing.host_time(step, device, n_wall)
+                                     for _ in range(min(3, repeats)))
+    except Exception as e:  # noqa: BLE001
+        status = "OOM" if is_oom(e) else "n/a"
+        return dict(row, status=status, note=(row["note"] + "; " if row["note"] else "") + short_error(e))
+    finally:
+        free(device)
+    if "failed" in method:
+        row["note"] = "; ".join(filter(None, [row["note"], method]))
+    row.update(kernel_us=kt * 1e6, kernel_method=method, wall_us=wall * 1e6,
+               peak_mb=None if peak is None else peak / 2**20)
+    return row
+
+
+def eager_step_row(case, qkv, H, dout, cfg):
+    """Wall clock of a whole autograd step: ours vs SDPA auto vs the eager block."""
+    res, notes = {}, []
+    for name in ("ours", "sdpa", "eager"):
+        try:
+            fn = peers.build(name, case)[0].fn
+            leaf = qkv.detach().requires_grad_(True)
+
+            def step():
+                q, k, v = split_views(leaf, H, case.dk, case.dv)
+                fn(q, k, v).backward(dout)
+                leaf.grad = None   # as optimizer.zero_grad() does
+            for _ in range(cfg.warmup):
+                step()
+            est = timing.host_time(step, case.device, 1)
+            n = timing.iters_for(est, cfg.target_s)
+            res[name] = statistics.median(timing.host_time(step, case.device, n)
+                                          for _ in range(3)) * 1e6
+        except Exception as e:  # noqa: BLE001
+            res[name] = None
+            notes.append(f"{name}: {'OOM' if is_oom(e) else short_error(e)}")
+        finally:
+            free(case.device)
+    ours = res["ours"]
+    return dict(ours_us=ours, sdpa_us=res["sdpa"], eager_us=res["eager"],
+                sdpa_over_ours=res["sdpa"] / ours if ours and res["sdpa"] else None,
+                eager_over_ours=res["eager"] / ours if ours and res["eager"] else None,
+                note="; ".join(notes))

@@ -1,0 +1,145 @@
+// CUDA implementations of torch.ops.psa_fa2.{fwd,bwd}: validate, fill the params struct,
+// pick the kernel (fast tensor-core kernel, or the reference kernel), launch on the
+// current stream.
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#include "../checks.h"
+#include "launchers.h"
+
+namespace psa_fa2 {
+
+std::vector<std::string> compiled_cuda_kernels() {
+  return {"reference_fwd", "reference_bwd", "flash_fwd", "flash_bwd"};
+}
+
+namespace {
+
+DType to_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kDouble: return DType::kFloat64;
+    case at::kFloat: return DType::kFloat32;
+    case at::kBFloat16: return DType::kBFloat16;
+    default: return DType::kFloat16;  // check_fwd_inputs admitted nothing else
+  }
+}
+
+// PyTorch's matmul rule for fp32: TF32 tensor cores unless the precision is "highest".
+bool fp32_matmul_allows_tf32() { return at::globalContext().allowTF32CuBLAS(); }
+
+std::string describe_config(const AttnShape& s, at::ScalarType dtype) {
+  return std::string(c10::toString(dtype)) + ", dk = " + std::to_string(s.head_dim_qk) +
+         ", dv = " + std::to_string(s.head_dim_v) + ", " + layout_name(s.layout);
+}
+
+// Whether to run the fast kernel; fails for impl="fast" when none covers the call.
+bool use_fast(Impl impl, bool supported, const AttnShape& s, at::ScalarType dtype,
+              const char* direction) {
+  if (impl == Impl::kReference) return false;
+  if (supported) return true;
+  TORCH_CHECK(impl != Impl::kFast, "impl=\"fast\": no fast ", direction, " kernel for ",
+              describe_config(s, dtype), " (pointers 16-byte aligned and strides multiples of 8 "
+              "are needed too); use impl=\"auto\" or \"reference\"");
+  TORCH_WARN_ONCE("psa_fa2: no fast ", direction, " kernel for ", describe_config(s, dtype),
+                  "; running the reference kernel, which is correct but slow");
+  return false;
+}
+
+std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& v, double scale,
+                                            c10::string_view impl_name) {
+  const AttnShape s = check_fwd_inputs(q, k, v);
+  const Impl impl = parse_impl(impl_name);
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor out = empty_in_layout(s, s.head_dim_v, s.layout, q.options());
+  at::Tensor lse = at::empty({s.batch, s.heads, s.seqlen},
+                             q.options().dtype(accumulate_dtype(q.scalar_type())));
+  if (out.numel() == 0) return {out, lse};
+
+  FwdParams p{};
+  p.q = strided(q);
+  p.k = strided(k);
+  p.v = strided(v);
+  p.out = strided(out);
+  p.lse = lse.data_ptr();
+  p.batch = s.batch;
+  p.heads = s.heads;
+  p.seqlen = s.seqlen;
+  p.head_dim_qk = s.head_dim_qk;
+  p.head_dim_v = s.head_dim_v;
+  p.scale = scale;
+  p.dtype = to_dtype(q.scalar_type());
+  p.layout = s.layout;
+  p.allow_tf32 = fp32_matmul_allows_tf32();
+
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (use_fast(impl, flash_fwd_supported(p), s, q.scalar_type(), "forward")) {
+    flash_fwd(p, stream);
+  } else {
+    reference_fwd(p, stream);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {out, lse};
+}
+
+void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+              const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, double scale,
+              at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, c10::string_view impl_name,
+              bool deterministic) {
+  const AttnShape s = check_bwd_inputs(dout, q, k, v, out, lse, dq, dk, dv);
+  const Impl impl = parse_impl(impl_name);
+  if (q.numel() == 0 || v.numel() == 0) return;
+  const c10::cuda::CUDAGuard guard(q.device());
+  at::Tensor delta = at::empty_like(lse);
+
+  BwdParams p{};
+  p.q = strided(q);
+  p.k = strided(k);
+  p.v = strided(v);
+  p.out = strided(out);
+  p.dout = strided(dout);
+  p.dq = strided(dq);
+  p.dk = strided(dk);
+  p.dv = strided(dv);
+  p.lse = lse.data_ptr();
+  p.delta = delta.data_ptr();
+  p.batch = s.batch;
+  p.heads = s.heads;
+  p.seqlen = s.seqlen;
+  p.head_dim_qk = s.head_dim_qk;
+  p.head_dim_v = s.head_dim_v;
+  p.scale = scale;
+  p.dtype = to_dtype(q.scalar_type());
+  p.layout = s.layout;
+  p.allow_tf32 = fp32_matmul_allows_tf32();
+  p.deterministic = deterministic || at::globalContext().deterministicAlgorithms();
+
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (use_fast(impl, flash_bwd_supported(p), s, q.scalar_type(), "backward")) {
+    at::Tensor workspace =
+        at::empty({static_cast<int64_t>(flash_bwd_workspace_bytes(p))}, q.options().dtype(at::kByte));
+    p.workspace = workspace.data_ptr();
+    flash_bwd(p, stream);
+  } else {
+    // The reference kernel's dq / dk atomics add one finished value per element to what is
+    // there, so its result does not depend on their order: deterministic as it stands.
+    reference_bwd(p, stream);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(psa_fa2, CUDA, m) {
+  m.impl("fwd", &fwd_cuda);
+  m.impl("bwd", &bwd_cuda);
+}
+
+}  // namespace psa_fa2

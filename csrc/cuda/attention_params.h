@@ -1,0 +1,52 @@
+// Plain parameter structs shared by the host bindings and the CUDA kernels.
+// Deliberately free of torch headers: kernels compile against this file alone,
+// which keeps each .cu fast to build and lets builds run in parallel.
+#pragma once
+
+#include <cstdint>
+
+namespace psa_fa2 {
+
+enum class DType : int { kFloat64 = 0, kFloat32 = 1, kBFloat16 = 2, kFloat16 = 3 };
+
+// Which stride of a logical [B, H, N, D] tensor is 1.
+//   kTokenMajor:   stride_d == 1  (e.g. a contiguous [B, H, N, D] tensor)
+//   kChannelFirst: stride_n == 1  (e.g. the PSA `split` views of a [B, H, D, N] conv output)
+enum class Layout : int { kTokenMajor = 0, kChannelFirst = 1 };
+
+// A logical [B, H, N, D] tensor addressed by 64-bit element strides.
+struct Strided4 {
+  void* ptr;
+  int64_t stride_b, stride_h, stride_n, stride_d;
+};
+
+struct FwdParams {
+  Strided4 q;    // [B, H, N, dk]
+  Strided4 k;    // [B, H, N, dk]
+  Strided4 v;    // [B, H, N, dv]
+  Strided4 out;  // [B, H, N, dv], written
+  void* lse;     // [B, H, N] contiguous; float (double for float64 inputs); natural log
+  int batch, heads, seqlen, head_dim_qk, head_dim_v;
+  double scale;  // softmax scale applied to Q K^T (natural units)
+  DType dtype;   // dtype of q, k, v and out
+  Layout layout; // shared by q, k, v and out
+  bool allow_tf32;  // fp32 inputs only: TF32 tensor cores allowed (matmul precision != "highest")
+};
+
+struct BwdParams {
+  Strided4 q, k, v, out, dout;  // as in FwdParams; dout is [B, H, N, dv]
+  Strided4 dq;   // [B, H, N, dk], accumulated into (+=)
+  Strided4 dk;   // [B, H, N, dk], accumulated into (+=)
+  Strided4 dv;   // [B, H, N, dv], overwritten
+  const void* lse;  // [B, H, N] contiguous, as written by the forward
+  void* delta;      // [B, H, N] contiguous scratch of the lse dtype: rowsum(dout * out)
+  void* workspace;  // fast kernels only: scratch of workspace_bytes (see fast_bwd_workspace_bytes)
+  int batch, heads, seqlen, head_dim_qk, head_dim_v;
+  double scale;
+  DType dtype;
+  Layout layout;
+  bool allow_tf32;
+  bool deterministic;  // bit-identical results run to run
+};
+
+}  // namespace psa_fa2

@@ -1,0 +1,17 @@
+"""Fused FlashAttention-2 attention for the Ultralytics YOLO attention block (PSA / C2PSA).
+
+>>> out = psa_fa2_ext.psa_attention(q, k, v)   # q, k: [B, H, dk, N], v: [B, H, dv, N]
+"""
+import torch  # noqa: F401  (loads libtorch, which _C links against)
+
+from . import _C
+from .ops import attention, bwd, fwd, psa_attention
+
+__version__ = _C.build_info()["version"]
+
+__all__ = ["attention", "psa_attention", "fwd", "bwd", "build_info", "__version__"]
+
+
+def build_info() -> dict:
+    """Version, the torch it was built against, and which CUDA kernels and archs were built."""
+    return dict(_C.build_info())

@@ -1,0 +1,208 @@
+"""Python surface of torch.ops.psa_fa2: typed wrappers, fake (meta) kernels, autograd and
+autocast registrations.
+
+Logical shapes follow the operators: q, k are [B, H, N, dk] and v is [B, H, N, dv], either
+token-major (stride(-1) == 1) or channel-first (stride(-2) == 1, the PSA views).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from . import _C  # noqa: F401  (importing it registers torch.ops.psa_fa2)
+
+__all__ = ["fwd", "bwd", "attention", "psa_attention"]
+
+_IMPLS = ("auto", "fast", "reference")
+
+
+def fwd(q: Tensor, k: Tensor, v: Tensor, scale: float, impl: str = "auto") -> tuple[Tensor, Tensor]:
+    """Attention forward: ``out = softmax(scale * q @ k^T) @ v`` and the row logsumexp.
+
+    Args:
+        q, k: ``[B, H, N, dk]``; v: ``[B, H, N, dv]``; one dtype (float64, float32, bfloat16,
+            float16), one device, and one layout, token-major or channel-first.
+        scale: the softmax scale.
+        impl: ``"auto"`` (fast kernel where one exists), ``"fast"`` (error if none) or
+            ``"reference"`` (the one-CTA-per-row kernel; CUDA).
+
+    Returns:
+        ``out`` ``[B, H, N, dv]`` in the inputs' layout and ``lse`` ``[B, H, N]`` (natural
+        log; float32, float64 for float64 inputs).
+    """
+    return torch.ops.psa_fa2.fwd(q, k, v, scale, impl)
+
+
+def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float,
+        dq: Tensor, dk: Tensor, dv: Tensor, impl: str = "auto", deterministic: bool = False) -> None:
+    """Attention backward, in place: ``dq += dL/dq``, ``dk += dL/dk``, ``dv = dL/dv``.
+
+    dq and dk are accumulated so that two calls on the halves of V (with the matching
+    halves of ``out`` and ``dout`` and their own ``lse``) add up to the full-V gradient.
+    ``deterministic=True`` (or ``torch.use_deterministic_algorithms(True)``) gives
+    bit-identical results run to run.
+    """
+    torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, scale, dq, dk, dv, impl, deterministic)
+
+
+# --- layouts -----------------------------------------------------------------------------
+
+def _token_major(t: Tensor) -> bool:
+    return t.numel() == 0 or t.size(3) <= 1 or t.stride(3) == 1
+
+
+def _channel_first(t: Tensor) -> bool:
+    return t.numel() == 0 or t.size(2) <= 1 or t.stride(2) == 1
+
+
+def _common_layout(*ts: Tensor) -> str | None:
+    """The layout the operators pick for these tensors (csrc/checks.h: common_layout)."""
+    if all(_token_major(t) for t in ts):
+        return "token_major"
+    if all(_channel_first(t) for t in ts):
+        return "channel_first"
+    return None
+
+
+def _new_in_layout(like: Tensor, d: int, layout: str, zero: bool = False) -> Tensor:
+    B, H, N = like.shape[:3]
+    make = torch.zeros if zero else torch.empty
+    if layout == "token_major":
+        return make(B, H, N, d, dtype=like.dtype, device=like.device)
+    return make(B, H, d, N, dtype=like.dtype, device=like.device).transpose(2, 3)
+
+
+def _to_layout(t: Tensor, layout: str) -> Tensor:
+    if layout == "token_major":
+        return t if _token_major(t) else t.contiguous()
+    return t if _channel_first(t) else t.transpose(2, 3).contiguous().transpose(2, 3)
+
+
+# --- fake kernels (meta tensors, torch.compile) -------------------------------------------
+
+@torch.library.register_fake("psa_fa2::fwd")
+def _fwd_fake(q, k, v, scale, impl="auto"):
+    torch._check(q.dim() == 4 and k.dim() == 4 and v.dim() == 4,
+                 lambda: "q, k and v must be 4-d [B, H, N, D]")
+    torch._check(k.shape == q.shape, lambda: f"k must have the shape of q {tuple(q.shape)}")
+    torch._check(v.shape[:3] == q.shape[:3], lambda: "v must share [B, H, N] with q")
+    torch._check(impl in _IMPLS, lambda: f"impl must be one of {_IMPLS}, got {impl!r}")
+    layout = _common_layout(q, k, v)
+    torch._check(layout is not None, lambda: "q, k and v must share one layout")
+    out = _new_in_layout(q, v.shape[3], layout)
+    lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    lse = q.new_empty(q.shape[:3], dtype=lse_dtype)
+    return out, lse
+
+
+@torch.library.register_fake("psa_fa2::bwd")
+def _bwd_fake(dout, q, k, v, out, lse, scale, dq, dk, dv, impl="auto", deterministic=False):
+    torch._check(dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape,
+                 lambda: "dq, dk and dv must have the shapes of q, k and v")
+
+
+# --- autograd ------------------------------------------------------------------------------
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, scale, impl = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.scale = scale
+    ctx.impl = impl
+
+
+def _fwd_backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    layout = _common_layout(q, k, v, out)
+    dout = _to_layout(dout, layout)
+    dq = _new_in_layout(q, q.shape[3], layout, zero=True)
+    dk = _new_in_layout(k, k.shape[3], layout, zero=True)
+    dv = _new_in_layout(v, v.shape[3], layout)
+    torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, ctx.scale, dq, dk, dv, ctx.impl,
+                          torch.are_deterministic_algorithms_enabled())
+    return dq, dk, dv, None, None
+
+
+torch.library.register_autograd("psa_fa2::fwd", _fwd_backward, setup_context=_fwd_setup_context)
+
+
+# --- autocast: like matmul, float32 inputs run in the autocast dtype ------------------------
+
+def _register_autocast(device_type: str, dispatch_key: str) -> None:
+    key = getattr(torch._C.DispatchKey, dispatch_key)
+
+    def fwd_autocast(q, k, v, scale, impl="auto"):
+        dtype = torch.get_autocast_dtype(device_type)
+
+        def cast(t):
+            return t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t
+
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            return torch.ops.psa_fa2.fwd(cast(q), cast(k), cast(v), scale, impl)
+
+    _autocast_lib.impl("fwd", fwd_autocast, dispatch_key)
+
+
+_autocast_lib = torch.library.Library("psa_fa2", "IMPL")
+_register_autocast("cuda", "AutocastCUDA")
+_register_autocast("cpu", "AutocastCPU")
+
+
+# --- user-facing functions ------------------------------------------------------------------
+
+def _default_scale(scale: float | None, dk: int) -> float:
+    return dk ** -0.5 if scale is None else float(scale)
+
+
+def _check_rank(t: Tensor, name: str, dims: str) -> None:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != 4:
+        raise ValueError(f"{name} must be a 4-d tensor {dims}, got {t.dim()}-d with shape "
+                         f"{list(t.shape)}")
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, *,
+              impl: str = "auto") -> Tensor:
+    """Token-major attention, like ``F.scaled_dot_product_attention`` without masks.
+
+    Args:
+        q, k: ``[B, H, N, dk]``; v: ``[B, H, N, dv]`` (dk, dv <= 256).
+        scale: softmax scale, default ``dk ** -0.5``.
+        impl: ``"auto"``, ``"fast"`` or ``"reference"`` (see :func:`fwd`).
+
+    Returns:
+        ``[B, H, N, dv]``. Differentiable in q, k and v.
+    """
+    for t, name, dims in ((q, "q", "[B, H, N, dk]"), (k, "k", "[B, H, N, dk]"),
+                          (v, "v", "[B, H, N, dv]")):
+        _check_rank(t, name, dims)
+    if _common_layout(q, k, v) is None:
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    return torch.ops.psa_fa2.fwd(q, k, v, _default_scale(scale, q.shape[-1]), impl)[0]
+
+
+def psa_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, *,
+                  impl: str = "auto") -> Tensor:
+    """Channel-first attention: exactly the Ultralytics ``Attention`` block's math.
+
+    Computes ``v @ softmax(scale * q^T @ k)^T`` for
+
+    Args:
+        q, k: ``[B, H, dk, N]``; v: ``[B, H, dv, N]``, e.g. the views of
+            ``qkv.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2)``, read in place.
+        scale: softmax scale, default ``dk ** -0.5``.
+        impl: ``"auto"``, ``"fast"`` or ``"reference"`` (see :func:`fwd`).
+
+    Returns:
+        ``[B, H, dv, N]``, contiguous, so ``.view(B, H * dv, h, w)`` is free. Differentiable.
+    """
+    for t, name, dims in ((q, "q", "[B, H, dk, N]"), (k, "k", "[B, H, dk, N]"),
+                          (v, "v", "[B, H, dv, N]")):
+        _check_rank(t, name, dims)
+    qt, kt, vt = q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)
+    if _common_layout(qt, kt, vt) != "channel_first":
+        qt, kt, vt = (t.contiguous().transpose(2, 3) for t in (q, k, v))
+    out = torch.ops.psa_fa2.fwd(qt, kt, vt, _default_scale(scale, q.shape[2]), impl)[0]
+    return out.transpose(2, 3)

@@ -1,0 +1,179 @@
+"""Switch the ``Attention`` blocks of an Ultralytics model to our kernel, in place, and back.
+
+How: each ``Attention`` instance gets its class swapped for a subclass whose ``forward``
+is ``attention_forward``. The module object, its children (Ultralytics ``Conv``), its
+parameters, buffers, hooks, device, dtype and train/eval mode are untouched, so
+
+- weights and optimiser state stay attached (a module swap would need the parent's
+  attribute rewritten and breaks references users hold);
+- ``isinstance(m, Attention)`` still holds, so Ultralytics' exporter still finds the
+  block and sets ``m.format = "coreml"`` before a CoreML export, and ``model.fuse()``
+  still folds the children's BatchNorms;
+- with ``format == "coreml"``, or while ONNX export / TorchScript tracing records the
+  graph, the patched forward runs Ultralytics' own ``forward`` unchanged.
+
+Copies: ``copy.deepcopy`` (Ultralytics' EMA, ``AutoBackend``) keeps the patch;
+pickling (``torch.save`` of a checkpoint) writes the plain Ultralytics class, so a
+checkpoint of a patched model loads where psa_fa2_ext is not installed, unpatched.
+
+Ultralytics is imported only when a function here is called.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import copyreg
+import warnings
+from typing import Iterator
+
+from torch import nn
+
+from .nn import _exporting, attention_forward
+
+__all__ = ["patch_ultralytics", "unpatch_ultralytics", "patched", "is_patched"]
+
+_PATCHED: dict[type, type] = {}  # Ultralytics class -> its patched subclass
+
+
+class _FA2AttentionMixin:
+    """Put before an Ultralytics ``Attention`` class in the bases of a patched class."""
+
+    _psa_fa2_base: type  # the Ultralytics class this patches
+
+    def forward(self, x):
+        # Their exporter sets ``format = "coreml"`` to get an SDPA graph: keep their
+        # forward (both branches) for that and for graph recorders that can't see our op.
+        if self.format == "coreml" or _exporting():
+            return super().forward(x)
+        return attention_forward(self, x)
+
+    def __reduce_ex__(self, protocol):
+        # Pickle as the Ultralytics class: the checkpoint does not name psa_fa2_ext.
+        # ``copyreg.__newobj__`` refuses a class other than the object's own, so use the
+        # reconstructor that pickle protocols 0/1 emit for every object: it is
+        # ``object.__new__(base)``, then the state is applied as usual.
+        state = object.__reduce_ex__(self, 2)[2]
+        return copyreg._reconstructor, (self._psa_fa2_base, object, None), state
+
+    def __deepcopy__(self, memo):
+        # deepcopy would otherwise go through ``__reduce_ex__`` above and lose the patch.
+        new = object.__new__(type(self))
+        memo[id(self)] = new
+        new.__setstate__(copy.deepcopy(self.__dict__, memo))
+        return new
+
+
+def _attention_class() -> type:
+    try:
+        from ultralytics.nn.modules.block import Attention
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "psa_fa2_ext.patch needs the 'ultralytics' package: pip install -r requirements-ultralytics.txt"
+        ) from e
+    return Attention
+
+
+def _patched_class(cls: type) -> type:
+    new = _PATCHED.get(cls)
+    if new is None:
+        new = type(
+            f"PSAFA2{cls.__name__}",
+            (_FA2AttentionMixin, cls),
+            {"_psa_fa2_base": cls, "__module__": __name__, "__qualname__": f"PSAFA2{cls.__name__}"},
+        )
+        _PATCHED[cls] = new
+    return new
+
+
+def is_patched(module: nn.Module) -> bool:
+    """Whether ``module`` is an Ultralytics ``Attention`` running on our kernel."""
+    return isinstance(module, _FA2AttentionMixin)
+
+
+def _patch_trainer_model(trainer) -> None:
+    # ``YOLO.train()`` builds a fresh model from the yaml and loads the weights into it,
+    # which drops the patch. This runs at the end of the trainer's setup, after
+    # compile/DDP wrapping (both are lazy, and ``modules()`` sees through them) and
+    # after the EMA copy is taken, so both are patched before the first step.
+    patch_ultralytics(trainer.model)
+    ema = getattr(getattr(trainer, "ema", None), "ema", None)
+    if isinstance(ema, nn.Module):
+        patch_ultralytics(ema)
+
+
+_CALLBACK_EVENT = "on_pretrain_routine_end"
+
+
+def _callbacks(model: nn.Module) -> list:
+    # ``YOLO`` objects keep ``callbacks: dict[event, list[fn]]``; other modules have none.
+    callbacks = getattr(model, "callbacks", None)
+    return callbacks.get(_CALLBACK_EVENT, []) if isinstance(callbacks, dict) else []
+
+
+def _has_callback(model: nn.Module) -> bool:
+    return _patch_trainer_model in _callbacks(model)
+
+
+def _remove_callback(model: nn.Module) -> None:
+    cbs = _callbacks(model)
+    while _patch_trainer_model in cbs:
+        cbs.remove(_patch_trainer_model)
+
+
+def patch_ultralytics(model: nn.Module) -> int:
+    """Run every Ultralytics ``Attention`` in ``model`` on our kernel; returns how many were switched.
+
+    ``model`` is any ``nn.Module``: a ``DetectionModel`` (or other task model), a
+    ``YOLO`` object, or a single block. YOLOv10 ``PSA``, YOLO11/YOLO26 ``C2PSA`` and
+    ``C3k2(attn=True)`` all hold their attention as ``Attention``. Modules already
+    patched are not counted again. A subclass of ``Attention`` that overrides
+    ``forward`` is left alone (its math may differ), with a warning.
+
+    On a ``YOLO`` object a training callback is also registered, so the model that
+    ``YOLO.train()`` builds is patched too.
+    """
+    base = _attention_class()
+    n = 0
+    skipped = set()
+    for m in model.modules():
+        cls = type(m)
+        if not isinstance(m, base) or is_patched(m):
+            continue
+        if cls.forward is not base.forward:
+            skipped.add(cls.__qualname__)
+            continue
+        m.__class__ = _patched_class(cls)
+        n += 1
+    if skipped:
+        warnings.warn(f"patch_ultralytics: left {sorted(skipped)} alone: they override Attention.forward", stacklevel=2)
+    if hasattr(model, "add_callback") and not _has_callback(model):
+        model.add_callback(_CALLBACK_EVENT, _patch_trainer_model)
+    return n
+
+
+def unpatch_ultralytics(model: nn.Module) -> int:
+    """Undo ``patch_ultralytics``: every patched block gets its Ultralytics class back; returns how many."""
+    n = 0
+    for m in model.modules():
+        if is_patched(m):
+            m.__class__ = m._psa_fa2_base
+            n += 1
+    _remove_callback(model)
+    return n
+
+
+@contextlib.contextmanager
+def patched(model: nn.Module) -> Iterator[nn.Module]:
+    """``with patched(model): ...`` runs the block on our kernel and restores the blocks it switched on exit."""
+    before = {id(m) for m in model.modules() if is_patched(m)}
+    had_callback = _has_callback(model)
+    patch_ultralytics(model)
+    try:
+        yield model
+    finally:
+        for m in model.modules():
+            if is_patched(m) and id(m) not in before:
+                m.__class__ = m._psa_fa2_base
+        if not had_callback:
+            _remove_callback(model)

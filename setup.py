@@ -1,0 +1,122 @@
+"""Build psa_fa2_ext._C: a CUDA extension when nvcc and a CUDA build of torch are present,
+a CPU-only one otherwise.
+
+Environment:
+  TORCH_CUDA_ARCH_LIST  archs to build (default: the visible GPU's, else "8.0;9.0")
+  CUDA_HOME             CUDA toolkit (default: /usr/local/cuda when it has nvcc)
+  MAX_JOBS              parallel compile jobs (ninja)
+  PSA_FA2_FORCE_CPU=1   build the CPU-only extension even where CUDA is available
+"""
+import glob
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+VERSION = "0.1.0"
+ROOT = Path(__file__).resolve().parent
+
+
+def find_cuda_home():
+    """torch's own guess prefers the nvcc on PATH, which can be a /usr/local/bin shim whose
+    parent has no CUDA headers; a toolkit directory with bin/nvcc is what we want."""
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parent.parent))
+    for home in candidates:
+        if home and (Path(home) / "bin" / "nvcc").exists() and (Path(home) / "include" / "cuda.h").exists():
+            return home
+    return None
+
+
+CUDA_HOME = find_cuda_home()
+if CUDA_HOME:
+    # Must be set before torch.utils.cpp_extension is imported: it reads CUDA_HOME once.
+    os.environ["CUDA_HOME"] = CUDA_HOME
+
+import torch  # noqa: E402
+from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
+
+WITH_CUDA = (
+    torch.version.cuda is not None
+    and CUDA_HOME is not None
+    and os.environ.get("PSA_FA2_FORCE_CPU", "0") != "1"
+)
+
+
+def cuda_arch_list():
+    archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if not archs:
+        if torch.cuda.is_available():
+            major, minor = torch.cuda.get_device_capability()
+            archs = f"{major}.{minor}"
+        else:
+            # No GPU to ask: Ampere (sm_80, the oldest we support) and Hopper (sm_90).
+            archs = "8.0;9.0"
+        os.environ["TORCH_CUDA_ARCH_LIST"] = archs
+    return archs
+
+
+def nvidia_wheel_includes():
+    """CUDA builds of torch ship CUDA library headers (cusparse.h, ...) in the nvidia-*
+    wheels (nvidia/cu13/include, nvidia/*/include), and torch's CUDA headers include them.
+    They go after every other include path (-idirafter), so the toolkit's own runtime
+    headers, which must match nvcc, always win."""
+    dirs = []
+    for entry in sys.path:
+        base = Path(entry) / "nvidia"
+        if base.is_dir():
+            dirs += [str(p) for p in sorted(base.glob("*/include")) if p.is_dir()]
+    return dirs
+
+
+def extension():
+    sources = ["csrc/ops.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    define_macros = [
+        ("PSA_FA2_VERSION", f'"{VERSION}"'),
+        ("PSA_FA2_TORCH_VERSION", f'"{torch.__version__}"'),
+    ]
+    cxx_flags = ["-O3"]  # torch picks the C++ standard its headers need
+    if not WITH_CUDA:
+        return CppExtension("psa_fa2_ext._C", sources, define_macros=define_macros,
+                            extra_compile_args={"cxx": cxx_flags})
+    archs = cuda_arch_list()
+    sources += sorted(glob.glob("csrc/cuda/*.cpp")) + sorted(glob.glob("csrc/cuda/*.cu"))
+    define_macros += [("PSA_FA2_WITH_CUDA", None), ("PSA_FA2_CUDA_ARCHS", f'"{archs}"')]
+    # Only the .cpp bindings include torch's CUDA headers; the .cu kernels need none.
+    cxx_flags += [f"-idirafter{d}" for d in nvidia_wheel_includes()]
+    nvcc_flags = [
+        "-O3",
+        "-lineinfo",
+        # torch adds these to keep its own headers portable; our kernels include no torch
+        # headers and want the half / bfloat16 operators.
+        "-U__CUDA_NO_HALF_OPERATORS__",
+        "-U__CUDA_NO_HALF_CONVERSIONS__",
+        "-U__CUDA_NO_HALF2_OPERATORS__",
+        "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+        "--expt-relaxed-constexpr",
+    ]
+    if os.environ.get("PSA_FA2_PTXAS_VERBOSE") == "1":
+        nvcc_flags.append("-Xptxas=-v")
+    return CUDAExtension(
+        "psa_fa2_ext._C",
+        sources,
+        define_macros=define_macros,
+        extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
+    )
+
+
+setup(
+    name="psa_fa2_ext",
+    version=VERSION,
+    description="Fused FlashAttention-2 forward/backward kernels for the attention block of "
+    "Ultralytics YOLO models (PSA / C2PSA)",
+    packages=find_packages(include=["psa_fa2_ext", "psa_fa2_ext.*"]),
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
+    python_requires=">=3.9",
+    install_requires=["torch>=2.4"],
+)

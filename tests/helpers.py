@@ -1,0 +1,99 @@
+"""Shared helpers: inputs in both layouts, the float64 reference, error measures."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import psa_fa2_ext  # noqa: F401  (registers torch.ops.psa_fa2)
+from psa_fa2_ext.reference import attention_eager, lse_eager
+
+HAS_CUDA = torch.cuda.is_available() and psa_fa2_ext.build_info()["cuda"]
+CUDA_SKIP_REASON = (
+    "no CUDA GPU visible" if not torch.cuda.is_available()
+    else "psa_fa2_ext was built without CUDA kernels"
+)
+requires_cuda = pytest.mark.skipif(not HAS_CUDA, reason=CUDA_SKIP_REASON)
+
+SEQLENS = [1, 7, 49, 97, 400, 1025]
+HEAD_DIMS = [(16, 16), (32, 32), (32, 64), (64, 64), (64, 128)]
+LAYOUTS = ["channel_first", "token_major"]
+
+
+def batch_heads(n: int) -> tuple[int, int]:
+    """Small problems get more heads (more chances to catch an indexing bug), large ones
+    fewer (test time)."""
+    return (2, 3) if n <= 400 else (1, 2)
+
+
+def make_qkv(B, H, N, dk, dv, dtype, device, layout, requires_grad=False):
+    """One qkv tensor, as the PSA block's conv makes it, and q, k, v as logical
+    [B, H, N, D] views of it.
+
+    channel_first: qkv is [B, H*(2dk+dv), N] and the views have stride(-2) == 1 (the
+    Ultralytics `split` views); token_major: qkv is [B, H, N, 2dk+dv], stride(-1) == 1.
+    """
+    C = 2 * dk + dv
+    if layout == "channel_first":
+        qkv = torch.randn(B, H * C, N, dtype=dtype, device=device, requires_grad=requires_grad)
+        q, k, v = qkv.view(B, H, C, N).split([dk, dk, dv], dim=2)
+        q, k, v = (t.transpose(2, 3) for t in (q, k, v))
+    else:
+        qkv = torch.randn(B, H, N, C, dtype=dtype, device=device, requires_grad=requires_grad)
+        q, k, v = qkv.split([dk, dk, dv], dim=3)
+    return qkv, q, k, v
+
+
+def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |x - ref| / max |ref|, in float64."""
+    x, ref = x.double(), ref.double()
+    return ((x - ref).abs().max() / ref.abs().max().clamp_min(1e-30)).item()
+
+
+# Absolute floor for the "2x the same-precision eager error" rule, relative to max |ref|:
+# at N = 1 both results can be exact, and 2 * 0 leaves no room for a last-bit tie.
+_HALF_FLOOR = 1e-6
+
+
+def assert_close_to_reference(name, ours, ref64, eager_same_precision, dtype):
+    """Passes when ours is within the dtype's tolerance of the float64 reference:
+    fp64 1e-10, fp32 1e-5 relative, bf16 / fp16 at most 2x the error of the same math run
+    eagerly in that precision."""
+    err = rel_err(ours, ref64)
+    if dtype == torch.float64:
+        tol = 1e-10
+    elif dtype == torch.float32:
+        tol = 1e-5
+    else:
+        tol = 2 * rel_err(eager_same_precision, ref64) + _HALF_FLOOR
+    assert err <= tol, f"{name}: relative error {err:.3e} > tolerance {tol:.3e}"
+
+
+def assert_lse_close(lse, q, k, scale):
+    ref = lse_eager(q.double(), k.double(), scale)
+    tol = 1e-10 if q.dtype == torch.float64 else 1e-5
+    err = ((lse.double() - ref).abs() / ref.abs().clamp_min(1.0)).max().item()
+    assert err <= tol, f"lse: relative error {err:.3e} > {tol:.1e}"
+
+
+def poison_cuda_allocator(nbytes: int, device) -> None:
+    """Leaves a freed block of NaN bytes (0xFF is NaN in fp16, bf16, fp32 and fp64) in the
+    caching allocator, so outputs the op allocates next start as NaN and any element the
+    kernel forgets to write shows up."""
+    block = torch.full((nbytes,), 0xFF, dtype=torch.uint8, device=device)
+    del block
+
+
+def forward_reference(q, k, v, scale):
+    """float64 reference output and the eager result in the inputs' own precision."""
+    ref64 = attention_eager(q.double(), k.double(), v.double(), scale)
+    eager = attention_eager(q, k, v, scale)
+    return ref64, eager
+
+
+def grads_reference(q, k, v, scale, dout):
+    """float64 reference gradients (dq, dk, dv) and the eager ones in the inputs' precision."""
+    def grads(dtype):
+        leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+        out = attention_eager(*leaves, scale)
+        return torch.autograd.grad(out, leaves, dout.to(dtype))
+    return grads(torch.float64), grads(q.dtype)

@@ -1,0 +1,180 @@
+"""The Python surface: wrappers, autograd on qkv views, gradcheck, opcheck, torch.compile,
+the seed's V-split accumulate contract, empty inputs."""
+import pytest
+import torch
+
+import psa_fa2_ext
+from helpers import HAS_CUDA, assert_close_to_reference, make_qkv, requires_cuda
+from psa_fa2_ext.reference import attention_eager, psa_attention_eager
+
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+def test_psa_attention_on_ultralytics_views(device, dtype):
+    """The block's own views go in uncopied; the result views as [B, C, h, w] for free and
+    the qkv gradient matches the eager block's."""
+    B, H, dk, dv, h, w = 2, 2, 32, 64, 7, 9
+    N = h * w
+    x = torch.randn(B, H * (2 * dk + dv), h, w, dtype=dtype, device=device, requires_grad=True)
+    q, k, v = x.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2)
+    out = psa_fa2_ext.psa_attention(q, k, v)
+    assert out.shape == (B, H, dv, N) and out.is_contiguous()
+    out.view(B, H * dv, h, w)  # must not raise
+    g = torch.randn_like(out)
+    (dx,) = torch.autograd.grad(out, x, g)
+
+    x64 = x.detach().double().requires_grad_()
+    q64, k64, v64 = x64.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2)
+    ref = psa_attention_eager(q64, k64, v64)
+    (dx64,) = torch.autograd.grad(ref, x64, g.double())
+    xe = x.detach().requires_grad_()
+    qe, ke, ve = xe.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2)
+    eager = psa_attention_eager(qe, ke, ve)
+    (dxe,) = torch.autograd.grad(eager, xe, g)
+    assert_close_to_reference("out", out, ref, eager, dtype)
+    assert_close_to_reference("dqkv", dx, dx64, dxe, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_token_major_and_strided(device):
+    """attention() takes token-major tensors directly and makes other strides contiguous."""
+    q, k, v = (torch.randn(2, 3, 33, d, dtype=torch.float64, device=device) for d in (16, 16, 24))
+    torch.testing.assert_close(psa_fa2_ext.attention(q, k, v), attention_eager(q, k, v))
+    qp = torch.randn(2, 3, 33, 32, dtype=torch.float64, device=device)[..., ::2]
+    assert qp.stride(-1) != 1 and qp.stride(-2) != 1
+    torch.testing.assert_close(psa_fa2_ext.attention(qp, k, v), attention_eager(qp, k, v))
+    scale = 0.3
+    torch.testing.assert_close(psa_fa2_ext.attention(q, k, v, scale),
+                               attention_eager(q, k, v, scale))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["channel_first", "token_major"])
+def test_gradcheck_float64(device, layout):
+    qkv, *_ = make_qkv(1, 2, 9, 4, 6, torch.float64, device, layout, requires_grad=True)
+
+    def f(qkv):
+        if layout == "channel_first":
+            q, k, v = qkv.view(1, 2, 14, 9).split([4, 4, 6], dim=2)
+            return psa_fa2_ext.psa_attention(q, k, v, impl="reference" if device == "cuda" else "auto")
+        q, k, v = qkv.split([4, 4, 6], dim=3)
+        return psa_fa2_ext.attention(q, k, v, impl="reference" if device == "cuda" else "auto")
+
+    assert torch.autograd.gradcheck(f, (qkv,))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["channel_first", "token_major"])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_opcheck_fwd(device, layout, requires_grad):
+    _, q, k, v = make_qkv(2, 2, 17, 8, 12, torch.float32, device, layout)
+    q, k, v = (t.detach().requires_grad_(requires_grad) for t in (q, k, v))
+    torch.library.opcheck(torch.ops.psa_fa2.fwd.default, (q, k, v, 0.35, "auto"))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["channel_first", "token_major"])
+def test_opcheck_bwd(device, layout):
+    _, q, k, v = make_qkv(2, 2, 17, 8, 12, torch.float32, device, layout)
+    out, lse = torch.ops.psa_fa2.fwd(q, k, v, 0.35)
+    dout = torch.randn_like(out)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.empty_like(v)
+    torch.library.opcheck(torch.ops.psa_fa2.bwd.default,
+                          (dout, q, k, v, out, lse, 0.35, dq, dk, dv, "auto", False))
+
+
+def test_torch_compile_fullgraph():
+    """fake kernels + autograd registration let torch.compile trace forward and backward."""
+    def step(x):
+        q, k, v = x.view(2, 2, 128, 25).split([32, 32, 64], dim=2)
+        return psa_fa2_ext.psa_attention(q, k, v).square().sum()
+
+    x = torch.randn(2, 256, 5, 5, requires_grad=True)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    loss = compiled(x)
+    (dx,) = torch.autograd.grad(loss, x)
+    x2 = x.detach().requires_grad_()
+    loss2 = step(x2)
+    (dx2,) = torch.autograd.grad(loss2, x2)
+    torch.testing.assert_close(loss, loss2)
+    torch.testing.assert_close(dx, dx2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["channel_first", "token_major"])
+def test_v_split_accumulates_full_gradient(device, layout):
+    """The seed's use: two bwd calls on V_lo / V_hi (and the matching halves of out and
+    dout) into the same dq / dk give the full-V gradient; each call writes its own dv."""
+    dtype = torch.float64
+    _, q, k, v = make_qkv(2, 2, 37, 16, 32, dtype, device, layout)
+    scale = 16 ** -0.5
+    impl = "reference" if device == "cuda" else "auto"
+    v_lo, v_hi = v[..., :16], v[..., 16:]
+    out_lo, lse = torch.ops.psa_fa2.fwd(q, k, v_lo, scale, impl)
+    out_hi, lse_hi = torch.ops.psa_fa2.fwd(q, k, v_hi, scale, impl)
+    torch.testing.assert_close(lse, lse_hi)
+    dout = torch.randn(2, 2, 37, 32, dtype=dtype, device=device)
+    dq, dk = torch.zeros_like(q), torch.zeros_like(k)
+    dv_lo, dv_hi = torch.empty_like(v_lo), torch.empty_like(v_hi)
+    for vv, o, g, dvv in ((v_lo, out_lo, dout[..., :16], dv_lo), (v_hi, out_hi, dout[..., 16:], dv_hi)):
+        torch.ops.psa_fa2.bwd(g.contiguous() if layout == "token_major" else
+                              g.transpose(2, 3).contiguous().transpose(2, 3),
+                              q, k, vv, o, lse, scale, dq, dk, dvv, impl)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    ref = attention_eager(*leaves, scale)
+    rq, rk, rv = torch.autograd.grad(ref, leaves, dout)
+    torch.testing.assert_close(dq, rq)
+    torch.testing.assert_close(dk, rk)
+    torch.testing.assert_close(torch.cat([dv_lo, dv_hi], dim=-1), rv)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(0, 2, 10), (2, 2, 0), (2, 0, 10)])
+def test_empty_inputs_give_empty_results(device, shape):
+    B, H, N = shape
+    q = torch.randn(B, H, 8, N, device=device, requires_grad=True)
+    k = torch.randn(B, H, 8, N, device=device, requires_grad=True)
+    v = torch.randn(B, H, 16, N, device=device, requires_grad=True)
+    out = psa_fa2_ext.psa_attention(q, k, v)
+    assert out.shape == (B, H, 16, N)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and v.grad.shape == v.shape
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nan_and_inf_propagate_like_eager(device):
+    q, k, v = (torch.randn(1, 1, 6, 8, dtype=torch.float64, device=device) for _ in range(3))
+    q[0, 0, 1, 2] = float("nan")
+    k[0, 0, 3, 0] = float("inf")
+    out = psa_fa2_ext.attention(q, k, v)
+    ref = attention_eager(q, k, v)
+    assert torch.equal(out.isnan(), ref.isnan())
+    finite = ~ref.isnan()
+    torch.testing.assert_close(out[finite], ref[finite])
+
+
+@requires_cuda
+def test_autocast_runs_in_lower_precision():
+    q, k, v = (torch.randn(2, 2, 32, 49, device="cuda") for _ in range(3))
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out = psa_fa2_ext.psa_attention(q, k, v)
+    assert out.dtype == torch.bfloat16
+
+
+def test_autocast_cpu():
+    q, k, v = (torch.randn(2, 2, 16, 49, requires_grad=True) for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = psa_fa2_ext.psa_attention(q, k, v)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert q.grad.dtype == torch.float32
+
+
+def test_build_info():
+    info = psa_fa2_ext.build_info()
+    assert info["version"] == psa_fa2_ext.__version__
+    assert isinstance(info["cuda"], bool)
+    if HAS_CUDA:
+        assert info["cuda_archs"]

@@ -1,0 +1,119 @@
+"""Bad input gets a clear error naming the argument, what was expected and what came."""
+import pytest
+import torch
+
+import psa_fa2_ext
+from helpers import requires_cuda
+
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+
+
+def qkv(device, B=2, H=2, N=10, dk=8, dv=16, dtype=torch.float32):
+    return (torch.randn(B, H, N, dk, dtype=dtype, device=device),
+            torch.randn(B, H, N, dk, dtype=dtype, device=device),
+            torch.randn(B, H, N, dv, dtype=dtype, device=device))
+
+
+def fwd(q, k, v, impl="auto"):
+    return torch.ops.psa_fa2.fwd(q, k, v, 0.5, impl)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wrong_rank(device):
+    q, k, v = qkv(device)
+    with pytest.raises(RuntimeError, match=r"q must be a 4-d tensor \[B, H, N, dk\], got 3-d"):
+        fwd(q[0], k, v)
+    with pytest.raises(ValueError, match=r"v must be a 4-d tensor \[B, H, dv, N\], got 5-d"):
+        psa_fa2_ext.psa_attention(q, k, v[None])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("what,index", [("B", 0), ("H", 1), ("N", 2), ("dk", 3)])
+def test_mismatched_dims(device, what, index):
+    q, k, v = qkv(device)
+    shape = list(k.shape)
+    shape[index] += 1
+    k_bad = torch.randn(shape, device=device)
+    with pytest.raises(RuntimeError, match=r"k must have shape \[2, 2, 10, 8\]"):
+        fwd(q, k_bad, v)
+    if index < 3:
+        shape = list(v.shape)
+        shape[index] += 1
+        with pytest.raises(RuntimeError, match=r"v must have shape \[2, 2, 10, dv\]"):
+            fwd(q, k, torch.randn(shape, device=device))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_dtypes(device):
+    q, k, v = qkv(device)
+    with pytest.raises(RuntimeError, match=r"v must have the dtype of q \(Float\), got Double"):
+        fwd(q, k, v.double())
+
+
+@requires_cuda
+def test_mixed_devices():
+    q, k, v = qkv("cuda")
+    with pytest.raises(RuntimeError, match=r"k must be on the device of q \(cuda:0\), got cpu"):
+        fwd(q, k.cpu(), v)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_head_dim_too_large(device):
+    q, k, v = qkv(device, dk=257)
+    with pytest.raises(RuntimeError, match=r"head dim \(dk\) must be in \[1, 256\], got 257"):
+        fwd(q, k, v)
+    q, k, v = qkv(device, dv=300)
+    with pytest.raises(RuntimeError, match=r"head dim \(dv\) must be in \[1, 256\], got 300"):
+        fwd(q, k, v)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_unsupported_dtype(device):
+    q, k, v = (t.to(torch.int32) for t in qkv(device))
+    with pytest.raises(RuntimeError, match=r"q must be float64, float32, bfloat16 or float16, got Int"):
+        fwd(q, k, v)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_mixed_layouts(device):
+    q, k, v = qkv(device)
+    k_cf = k.transpose(2, 3).contiguous().transpose(2, 3)
+    with pytest.raises(RuntimeError, match=r"share one layout.*k: channel-first"):
+        fwd(q, k_cf, v)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_impl(device):
+    with pytest.raises(RuntimeError, match=r"impl must be \"auto\", \"fast\" or \"reference\", got \"quick\""):
+        fwd(*qkv(device), impl="quick")
+
+
+def test_fast_impl_on_cpu_is_an_error():
+    with pytest.raises(RuntimeError, match=r"impl=\"fast\" needs CUDA tensors"):
+        fwd(*qkv("cpu"), impl="fast")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_backward_buffers(device):
+    q, k, v = qkv(device)
+    out, lse = fwd(q, k, v)
+    dout = torch.randn_like(out)
+
+    def bwd(lse=lse, dq=None, dk=None, dv=None):
+        dq = torch.zeros_like(q) if dq is None else dq
+        dk = torch.zeros_like(k) if dk is None else dk
+        dv = torch.zeros_like(v) if dv is None else dv
+        torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, 0.5, dq, dk, dv)
+
+    with pytest.raises(RuntimeError, match=r"lse must have shape \[2, 2, 10\] \[B, H, N\], got shape \[2, 2, 11\]"):
+        bwd(lse=torch.zeros(2, 2, 11, device=device))
+    with pytest.raises(RuntimeError, match=r"lse must be Float for Float inputs .*got Double"):
+        bwd(lse=lse.double())
+    with pytest.raises(RuntimeError, match=r"dq must have shape \[2, 2, 10, 8\]"):
+        bwd(dq=torch.zeros(2, 2, 10, 9, device=device))
+    with pytest.raises(RuntimeError, match=r"dk must have the dtype of q \(Float\), got Half"):
+        bwd(dk=torch.zeros_like(k, dtype=torch.half))
+    with pytest.raises(RuntimeError, match=r"dv must have shape \[2, 2, 10, 16\]"):
+        bwd(dv=torch.zeros(2, 2, 10, 8, device=device))
+    with pytest.raises(RuntimeError, match=r"dv must have the dtype of q \(Float\), got Double"):
+        bwd(dv=torch.zeros_like(v, dtype=torch.double))

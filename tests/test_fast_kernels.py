@@ -1,0 +1,92 @@
+"""The tensor-core kernels (impl="fast") against the float64 reference on the GPU: every
+fast (dk, dv), both layouts, bf16 / fp16, odd N; determinism; 64-bit offsets."""
+import pytest
+import torch
+
+import psa_fa2_ext
+from helpers import (LAYOUTS, assert_close_to_reference, forward_reference, make_qkv,
+                     rel_err, requires_cuda)
+from test_attention import check_backward, check_forward
+
+pytestmark = requires_cuda
+
+FAST_HEAD_DIMS = [(32, 64), (16, 16), (32, 32), (64, 64), (64, 128), (128, 128)]
+FAST_DTYPES = [torch.bfloat16, torch.float16]
+FAST_SEQLENS = [1, 7, 49, 97, 400, 1025, 4097]
+
+dims = pytest.mark.parametrize("dk,dv", FAST_HEAD_DIMS, ids=[f"{a}x{b}" for a, b in FAST_HEAD_DIMS])
+dtypes = pytest.mark.parametrize("dtype", FAST_DTYPES, ids=str)
+layouts = pytest.mark.parametrize("layout", LAYOUTS)
+
+
+@pytest.mark.parametrize("N", FAST_SEQLENS)
+@dims
+@layouts
+@dtypes
+def test_forward_fast(N, dk, dv, dtype, layout):
+    check_forward("cuda", "fast", N, dk, dv, dtype, layout)
+
+
+@pytest.mark.parametrize("N", FAST_SEQLENS)
+@dims
+@layouts
+@dtypes
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic_dq", "deterministic"])
+def test_backward_fast(N, dk, dv, dtype, layout, deterministic):
+    check_backward("cuda", "fast", N, dk, dv, dtype, layout, deterministic)
+
+
+@layouts
+@dtypes
+def test_deterministic_backward_is_bit_identical(layout, dtype):
+    _, q, k, v = make_qkv(2, 4, 1600, 32, 64, dtype, "cuda", layout)
+    out, lse = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
+    dout = torch.randn_like(out)
+
+    def grads():
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.empty_like(v)
+        torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, 32 ** -0.5, dq, dk, dv, "fast", True)
+        return dq, dk, dv
+
+    first = grads()
+    for _ in range(5):
+        for a, b in zip(first, grads()):
+            assert torch.equal(a, b)
+
+
+def test_use_deterministic_algorithms_selects_deterministic_mode():
+    x = torch.randn(2, 4 * 128, 40, 40, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = x.view(2, 4, 128, 1600).split([32, 32, 64], dim=2)
+    g = torch.randn(2, 4, 64, 1600, device="cuda", dtype=torch.bfloat16)
+    torch.use_deterministic_algorithms(True)
+    try:
+        runs = [torch.autograd.grad(psa_fa2_ext.psa_attention(q, k, v), x, g)[0] for _ in range(4)]
+    finally:
+        torch.use_deterministic_algorithms(False)
+    for r in runs[1:]:
+        assert torch.equal(runs[0], r)
+
+
+@pytest.mark.parametrize("impl", ["reference", "auto"])
+def test_more_than_2pow31_elements(impl):
+    """v holds B*H*N*dv > 2^31 elements: every offset past 2^31 must be 64-bit."""
+    B, H, N, dk, dv = 1, 52429, 640, 32, 64
+    assert B * H * N * dv > 2 ** 31
+    torch.cuda.empty_cache()
+    x = torch.randn(B, H * (2 * dk + dv), N, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (t.transpose(2, 3) for t in x.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2))
+    out, _ = torch.ops.psa_fa2.fwd(q, k, v, dk ** -0.5, impl)
+    for h in (0, H // 2, H - 1):  # the last head sits past 2^31 elements
+        sl = (slice(None), slice(h, h + 1))
+        ref64, eager = forward_reference(q[sl], k[sl], v[sl], dk ** -0.5)
+        assert_close_to_reference(f"out head {h}", out[sl], ref64, eager, torch.bfloat16)
+    del x, out
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fast_and_reference_agree_on_psa_shape(layout):
+    """The two CUDA kernels differ only in rounding at the shipped YOLO shape."""
+    _, q, k, v = make_qkv(2, 4, 400, 32, 64, torch.bfloat16, "cuda", layout)
+    fast, _ = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
+    ref, _ = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "reference")
+    assert rel_err(fast, ref) < 1e-2
