@@ -39,6 +39,7 @@ except ImportError:  # not installed: use the checkout this script lives in (bui
     sys.path.insert(0, str(HERE.parent))
     import psa_fa2_ext
 from psa_fa2_ext.patch import patch_ultralytics
+
 MODES = ("eager", "psa_fa2")
 
 
@@ -154,8 +155,9 @@ def _run(job, fn, rows, device):
         ms, peak = fn()
         row.update(status="ok", time_ms=round(ms, 3), peak_mib=None if peak is None else round(peak, 1))
     except Exception as e:  # noqa: BLE001 - one failed configuration must not end the run
-        row.update(status="OOM" if _is_oom(e) else f"error: {type(e).__name__}: {str(e)[:200]}",
-                   time_ms=None, peak_mib=None)
+        row.update(
+            status="OOM" if _is_oom(e) else f"error: {type(e).__name__}: {str(e)[:200]}", time_ms=None, peak_mib=None
+        )
     _free(device)
     rows.append(row)
 
@@ -190,9 +192,10 @@ def markdown(results: dict) -> str:
         "",
         f"{meta['device']} · torch {meta['torch']} · ultralytics {meta['ultralytics']} · {meta['date']}",
         "",
-        "Ratios are eager / psa_fa2 (above 1: psa_fa2 is faster or smaller). Times are medians;"
-        " memory is peak allocated (weights, activations, optimiser state)."
-        "",
+        (
+            "Ratios are eager / psa_fa2 (above 1: psa_fa2 is faster or smaller). Times are medians;"
+            " memory is peak allocated (weights, activations, optimiser state)."
+        ),
         "",
         f"## Training step ({meta['train_dtype']}, forward + loss + backward + SGD step)",
         "",
@@ -228,16 +231,23 @@ def main(argv=None) -> dict:
     cuda = torch.cuda.is_available()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", nargs="+", default=["n", "s", "m"] if cuda else ["n"], help="YOLO11 scales")
-    ap.add_argument("--sizes", nargs="+", type=int, default=[640, 1280, 4000, 8000] if cuda else [320],
-                    help="inference image sizes (multiples of 32)")
+    ap.add_argument(
+        "--sizes",
+        nargs="+",
+        type=int,
+        default=[640, 1280, 4000, 8000] if cuda else [320],
+        help="inference image sizes (multiples of 32)",
+    )
     ap.add_argument("--train-sizes", nargs="+", type=int, default=[640, 1280] if cuda else [320])
     ap.add_argument("--train-batch", type=int, default=16 if cuda else 1)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5 if cuda else 1)
     ap.add_argument("--big", type=int, default=2000, help="sizes from here on run 1 warm-up + 2 timed iterations")
     ap.add_argument("--out", default=str(HERE / "results"))
-    ap.add_argument("--attention-json", help="bench_attention.py's JSON for the kernel plot "
-                    "(default: the newest bench/results/*attention*.json)")
+    ap.add_argument(
+        "--attention-json",
+        help="bench_attention.py's JSON for the kernel plot (default: the newest bench/results/*attention*.json)",
+    )
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
 
@@ -248,7 +258,9 @@ def main(argv=None) -> dict:
     amp, infer_dtype = cuda, torch.float16 if cuda else torch.float32
     results = {
         "meta": {
-            "device": torch.cuda.get_device_name(device) if cuda else f"CPU ({platform.processor() or platform.machine()})",
+            "device": torch.cuda.get_device_name(device)
+            if cuda
+            else f"CPU ({platform.processor() or platform.machine()})",
             "torch": torch.__version__,
             "ultralytics": ultralytics.__version__,
             "psa_fa2_ext": getattr(psa_fa2_ext, "__version__", None),

@@ -49,8 +49,14 @@ def plot_model_memory(results: dict, path: str | Path) -> Path | None:
         color = colors.setdefault(model, f"C{len(colors)}")
         style = "-" if mode == "psa_fa2" else "--"
         ok = [r for r in rs if r.get("status") == "ok" and r.get("peak_mib")]
-        ax.plot([r["imgsz"] for r in ok], [r["peak_mib"] for r in ok], style, marker="o", color=color,
-                label=f"{model} {mode}")
+        ax.plot(
+            [r["imgsz"] for r in ok],
+            [r["peak_mib"] for r in ok],
+            style,
+            marker="o",
+            color=color,
+            label=f"{model} {mode}",
+        )
         oom = [r for r in rs if r.get("status") == "OOM"]
         if oom:
             ax.scatter([r["imgsz"] for r in oom], [top] * len(oom), marker="x", s=60, color=color)

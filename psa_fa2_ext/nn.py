@@ -51,7 +51,7 @@ class _ConvBN(nn.Module):
         return self.act(self.conv(x))
 
     @torch.no_grad()
-    def fuse(self) -> "_ConvBN":
+    def fuse(self) -> _ConvBN:
         """Fold BatchNorm into the conv in place, as ``ultralytics...fuse_conv_and_bn``."""
         if "bn" in self._modules:
             bn = self.bn
@@ -84,9 +84,7 @@ def attention_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     B, C, H, W = x.shape
     N = H * W
     qkv = m.qkv(x)
-    q, k, v = qkv.view(B, m.num_heads, m.key_dim * 2 + m.head_dim, N).split(
-        [m.key_dim, m.key_dim, m.head_dim], dim=2
-    )
+    q, k, v = qkv.view(B, m.num_heads, m.key_dim * 2 + m.head_dim, N).split([m.key_dim, m.key_dim, m.head_dim], dim=2)
     # Their eager code applies ``m.scale`` (== key_dim ** -0.5 unless a user changed
     # it), so pass it rather than letting the op derive the default.
     o = psa_attention(q, k, v, m.scale)
@@ -104,9 +102,7 @@ def _reference_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     B, C, H, W = x.shape
     N = H * W
     qkv = m.qkv(x)
-    q, k, v = qkv.view(B, m.num_heads, m.key_dim * 2 + m.head_dim, N).split(
-        [m.key_dim, m.key_dim, m.head_dim], dim=2
-    )
+    q, k, v = qkv.view(B, m.num_heads, m.key_dim * 2 + m.head_dim, N).split([m.key_dim, m.key_dim, m.head_dim], dim=2)
     if m.format == "coreml" and hasattr(F, "scaled_dot_product_attention"):
         x = F.scaled_dot_product_attention(q.transpose(-2, -1), k.transpose(-2, -1), v.transpose(-2, -1))
         x = x.transpose(-2, -1).reshape(B, C, H, W) + m.pe(v.reshape(B, C, H, W))
@@ -150,14 +146,14 @@ class PSAAttention(nn.Module):
             return _reference_forward(self, x)
         return attention_forward(self, x)
 
-    def fuse(self) -> "PSAAttention":
+    def fuse(self) -> PSAAttention:
         """Fold every BatchNorm into its conv, leaving what Ultralytics' ``model.fuse()`` leaves."""
         for c in (self.qkv, self.proj, self.pe):
             c.fuse()
         return self
 
     @classmethod
-    def from_ultralytics(cls, module: nn.Module) -> "PSAAttention":
+    def from_ultralytics(cls, module: nn.Module) -> PSAAttention:
         """A ``PSAAttention`` equal to an Ultralytics ``Attention`` (fused or not).
 
         Copies weights, BN hyper-parameters (Ultralytics models set eps/momentum at

@@ -25,13 +25,13 @@ import contextlib
 import copy
 import copyreg
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 from torch import nn
 
 from .nn import _exporting, attention_forward
 
-__all__ = ["patch_ultralytics", "unpatch_ultralytics", "patched", "is_patched"]
+__all__ = ["is_patched", "patch_ultralytics", "patched", "unpatch_ultralytics"]
 
 _PATCHED: dict[type, type] = {}  # Ultralytics class -> its patched subclass
 

@@ -15,12 +15,12 @@ import torch
 
 pytest.importorskip("ultralytics")
 
-from ultralytics.nn.modules.block import C2PSA, Attention  # noqa: E402
-from ultralytics.nn.tasks import DetectionModel  # noqa: E402
+from ultralytics.nn.modules.block import C2PSA, Attention
+from ultralytics.nn.tasks import DetectionModel
 
-import psa_fa2_ext.nn as psa_nn  # noqa: E402
-from psa_fa2_ext.nn import PSAAttention  # noqa: E402
-from psa_fa2_ext.patch import is_patched, patch_ultralytics, patched, unpatch_ultralytics  # noqa: E402
+import psa_fa2_ext.nn as psa_nn
+from psa_fa2_ext.nn import PSAAttention
+from psa_fa2_ext.patch import is_patched, patch_ultralytics, patched, unpatch_ultralytics
 
 RTOL64 = 1e-9
 
