@@ -1,15 +1,16 @@
 """Model-level benchmark: YOLO11 n/s/m, Ultralytics' eager attention vs psa_fa2_ext.
 
 For each model (random weights from the yaml, nothing downloaded):
-- one AMP training step (fp16 autocast + GradScaler, forward + Ultralytics' detection
-  loss + backward + SGD step, as their trainer does) at each --train-sizes;
+- one AMP training step (fp16 autocast + GradScaler, channels_last, forward +
+  Ultralytics' detection loss + backward + SGD step, as their trainer does) at each
+  --train-sizes;
 - fp16 inference (BN fused, batch 1, as Ultralytics' predictor runs) at each --sizes.
 Each run is timed (median of CUDA-event timings after warm-up) and its peak allocated
 memory recorded, eager and patched in the same process. An eager run that runs out of
 memory is reported as "OOM" (that is the point of the large sizes: at 8000 px the P5
 map has N = 62 500 tokens and the eager N x N matrix alone needs ~31 GB per head in fp16).
 
-Without a GPU it runs a tiny CPU version (yolo11n, 320 px, one timed step, fp32) so the
+Without a GPU it runs a tiny CPU version (yolo11n, 320 px, 3 timed steps, fp32) so the
 script itself stays tested.
 
 Writes ``bench/results/bench_model_<device>.json`` and ``.md``, and PNGs through
@@ -119,6 +120,10 @@ def _fake_batch(bs: int, imgsz: int, device, boxes_per_image: int = 8):
 
 def _train_run(base, mode, imgsz, bs, device, amp, warmup, iters):
     model = copy.deepcopy(base).to(device).train()
+    if device.type == "cuda":
+        # Ultralytics' trainer does this on CUDA by default (8.4): the qkv conv output is
+        # then NHWC, so q, k, v reach the op as token-major views.
+        model = model.to(memory_format=torch.channels_last)
     if mode == "psa_fa2":
         patch_ultralytics(model)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.937, nesterov=True)
@@ -241,7 +246,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--train-sizes", nargs="+", type=int, default=[640, 1280] if cuda else [320])
     ap.add_argument("--train-batch", type=int, default=16 if cuda else 1)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--iters", type=int, default=5 if cuda else 1)
+    ap.add_argument("--iters", type=int, default=5 if cuda else 3)
     ap.add_argument("--big", type=int, default=2000, help="sizes from here on run 1 warm-up + 2 timed iterations")
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument(

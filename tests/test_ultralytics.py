@@ -146,6 +146,24 @@ def test_matches_ultralytics_float64(dim, heads, ratio, train):
         _assert_close(list(ours.state_dict().values()), list(theirs.state_dict().values()), what="buffers")
 
 
+@pytest.mark.parametrize("which", ["layer", "patched"])
+def test_channels_last(which):
+    """Ultralytics trains with channels_last on CUDA: q, k, v then arrive token-major."""
+    theirs, ours = _pair(128, 2, 0.5)
+    if which == "patched":
+        ours = copy.deepcopy(theirs)
+        patch_ultralytics(ours)
+    x = torch.randn(2, 128, 5, 7, dtype=torch.float64)
+    ref = theirs.eval()(x)
+    ours = ours.eval().to(memory_format=torch.channels_last)
+    xl = x.to(memory_format=torch.channels_last).requires_grad_()
+    _assert_close(ours(xl), ref)
+    ours(xl).sum().backward()
+    xr = x.clone().requires_grad_()
+    theirs(xr).sum().backward()
+    _assert_close(xl.grad, xr.grad, what="input grad")
+
+
 def test_fused_state_matches_ultralytics_fuse():
     from ultralytics.utils.torch_utils import fuse_conv_and_bn
 

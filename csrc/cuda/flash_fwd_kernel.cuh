@@ -214,11 +214,13 @@ struct TileCopier {
       const int left = valid - col0;
       cols_bytes = left >= 8 ? 16 : (left > 0 ? left * 2 : 0);
     }
+    const uint16_t* src = gtile + goff;  // stepped: see TileScalarCopier::copy
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int bytes = kTokensAlongCols ? cols_bytes : (row0 + i * kRowStep < valid ? 16 : 0);
-      const uint16_t* src = bytes > 0 ? gtile + (goff + i * gstep) : gtile;
-      cp_async_16(stile + soff + i * (kRowStep * Tile::kNumCols * 2), src, bytes);
+      cp_async_16(stile + soff + i * (kRowStep * Tile::kNumCols * 2), bytes > 0 ? src : gtile,
+                  bytes);
+      src += gstep;
     }
   }
 };
@@ -252,15 +254,29 @@ struct TileScalarCopier {
     gstep = kRowStep * row_stride;
   }
 
+  // Loads in flight per batch: all of them at dv <= 64 (one load latency per tile); two batches
+  // at dv = 128, whose 64 values per thread would not fit beside the accumulators.
+  static constexpr int kBatch = kPerThread < 32 ? kPerThread : 32;
+  static_assert(kPerThread % kBatch == 0, "whole batches");
+
   __device__ __forceinline__ void copy(uint32_t stile, const uint16_t* gtile, int valid) const {
-    uint16_t v[kPerThread];
     const bool in = col < valid;
+    // Stepped pointer rather than goff + i * gstep: the offsets are loop-invariant, and ptxas
+    // would otherwise keep all of them in registers across the main loop.
+    const uint16_t* src = gtile + goff;
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) v[i] = in ? __ldg(gtile + (goff + i * gstep)) : 0;
+    for (int i0 = 0; i0 < kPerThread; i0 += kBatch) {
+      uint16_t v[kBatch];
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int row = row0 + i * kRowStep;
-      st_shared_u16(stile + 2u * (Tile::offset(row, col / 8) + col % 8), v[i]);
+      for (int i = 0; i < kBatch; ++i) {
+        v[i] = in ? __ldg(src) : uint16_t(0);
+        src += gstep;
+      }
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {
+        const int row = row0 + (i0 + i) * kRowStep;
+        st_shared_u16(stile + 2u * (Tile::offset(row, col / 8) + col % 8), v[i]);
+      }
     }
   }
 };
