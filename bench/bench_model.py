@@ -251,7 +251,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", default=str(HERE / "results"))
     ap.add_argument(
         "--attention-json",
-        help="bench_attention.py's JSON for the kernel plot (default: the newest bench/results/*attention*.json)",
+        help="bench_attention.py's JSON for the kernel plot (default: the newest one in --out)",
     )
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
@@ -305,15 +305,27 @@ def main(argv=None) -> dict:
     return results
 
 
+def _newest_attention_json(folder: Path) -> Path | None:
+    """The newest JSON in ``folder`` that bench_attention.py wrote (it has "rows"; ours has "infer")."""
+    for p in sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            doc = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("rows"), list) and "infer" not in doc:
+            return p
+    return None
+
+
 def _plots(results, out: Path, stem: str, attention_json):
     try:
         import plots  # bench/ is on sys.path when this file runs as a script
     except ImportError:
         from bench import plots
-    print("wrote", plots.plot_model_memory(results, out / f"{stem}_memory.png"))
+    png = plots.plot_model_memory(results, out / f"{stem}_memory.png")
+    print(f"wrote {png}" if png else "model memory plot skipped: no peak memory figures (CPU run)")
     if attention_json is None:
-        found = sorted(out.glob("*attention*.json"), key=lambda p: p.stat().st_mtime)
-        attention_json = found[-1] if found else None
+        attention_json = _newest_attention_json(out)
     if attention_json:
         print("wrote", plots.plot_kernel_speedup(attention_json, out / "kernel_speedup.png"))
     else:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -89,7 +90,11 @@ _PEER_KEYS = ("peer", "baseline", "vs", "against", "backend")
 _OURS_KEYS = ("kernel", "impl", "variant", "ours")
 _DTYPE_KEYS = ("dtype", "precision")
 _PASS_KEYS = ("pass", "direction", "mode", "op", "phase")
-_RATIO_KEYS = ("speedup", "ratio", "speedup_vs_peer", "peer_over_ours")
+# bench_attention.py writes ``vs_ours`` = peer kernel time / ours (> 1: ours faster);
+# the others are spellings an older or newer file might use.
+_RATIO_KEYS = ("vs_ours", "speedup", "ratio", "speedup_vs_peer", "peer_over_ours")
+_RATIO_MEANING = {"vs_ours": "peer kernel time / ours (> 1: ours faster)"}
+_OURS_NAMES = {"ours", "psa_fa2"}  # its own rows: the ratio is 1 by definition
 
 
 def _first(row: dict, keys):
@@ -150,8 +155,12 @@ def _rows_of(data):
 def load_kernel_rows(path: str | Path) -> tuple[list[dict], str, int]:
     """``(points, ratio_field, skipped)``: points have N, ratio, and a series label."""
     rows = _rows_of(json.loads(Path(path).read_text()))
+    # Head dims go into the label only when the file has more than one pair.
+    dims = {(r.get("dk"), r.get("dv")) for r in rows}
     points, fields, skipped = [], set(), 0
     for r in rows:
+        if r.get("status", "ok") != "ok" or _name(r, _PEER_KEYS) in _OURS_NAMES:
+            continue
         n = _n_of(r)
         ratio, field = None, None
         for k in _RATIO_KEYS:
@@ -159,17 +168,18 @@ def load_kernel_rows(path: str | Path) -> tuple[list[dict], str, int]:
                 ratio, field = float(r[k]), k
                 break
         if ratio is None:  # derive from two times if the row has them
-            ours = _first(r, ("ours_ms", "ours_us", "kernel_ms", "kernel_us", "time_ours"))
+            ours = _first(r, ("ours_ms", "ours_us", "time_ours"))
             peer = _first(r, ("peer_ms", "peer_us", "time_peer", "baseline_ms", "baseline_us"))
             if isinstance(ours, (int, float)) and isinstance(peer, (int, float)) and ours > 0:
                 ratio, field = peer / ours, "peer time / our time"
         if n is None or ratio is None or ratio <= 0:
             skipped += 1
             continue
-        fields.add(field)
-        parts = (_name(r, k) for k in (_OURS_KEYS, _PEER_KEYS, _DTYPE_KEYS, _PASS_KEYS))
-        label = " ".join(p for p in parts if p) or "all"
-        points.append({"N": n, "ratio": ratio, "label": label})
+        fields.add(_RATIO_MEANING.get(field, field))
+        parts = [_name(r, k) for k in (_OURS_KEYS, _PEER_KEYS, _DTYPE_KEYS, _PASS_KEYS)]
+        if len(dims) > 1 and r.get("dk") is not None:
+            parts.append(f"dk{r['dk']}/dv{r.get('dv')}")
+        points.append({"N": n, "ratio": ratio, "label": " ".join(p for p in parts if p) or "all"})
     return points, " / ".join(sorted(fields)), skipped
 
 
@@ -180,12 +190,18 @@ def plot_kernel_speedup(attention_json: str | Path, path: str | Path) -> Path | 
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    series = defaultdict(dict)
-    for p in points:  # one value per (series, N): the last row wins, as a re-run overwrites
-        series[p["label"]][p["N"]] = p["ratio"]
+    series = defaultdict(lambda: defaultdict(list))
+    for p in points:
+        series[p["label"]][p["N"]].append(p["ratio"])
+    several = False
     for label, by_n in sorted(series.items()):
         ns = sorted(by_n)
-        ax.plot(ns, [by_n[n] for n in ns], marker="o", label=label)
+        # Several batch sizes at one N: draw each, join their geometric mean.
+        several |= any(len(by_n[n]) > 1 for n in ns)
+        line = ax.plot(ns, [math.prod(by_n[n]) ** (1 / len(by_n[n])) for n in ns], marker="o", label=label)
+        for n in ns:
+            if len(by_n[n]) > 1:
+                ax.scatter([n] * len(by_n[n]), by_n[n], s=10, color=line[0].get_color(), alpha=0.5)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.set_xscale("log")
     ax.set_yscale("log")
@@ -193,8 +209,10 @@ def plot_kernel_speedup(attention_json: str | Path, path: str | Path) -> Path | 
     ax.set_xticks(ns, [str(n) for n in ns])
     ax.minorticks_off()
     ax.set_xlabel("N (tokens per head)")
-    ax.set_ylabel(f"{field} (as in {Path(attention_json).name})")
-    title = "psa_fa2 kernels vs peers"
+    ax.set_ylabel(field, fontsize=9)
+    title = f"psa_fa2 kernels vs peers ({Path(attention_json).name})"
+    if several:
+        title += "\nline: geometric mean over batch sizes, dots: each"
     if skipped:
         title += f" ({skipped} rows without N or ratio left out)"
     ax.set_title(title, fontsize=10)

@@ -274,6 +274,7 @@ def test_coreml_format_keeps_ultralytics_sdpa_branch(which, monkeypatch):
     _assert_close(ours(x), ref)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace:FutureWarning")
 def test_jit_trace_records_eager_math(monkeypatch):
     theirs, _ = _pair(64, 1, 0.5)
     theirs.eval()

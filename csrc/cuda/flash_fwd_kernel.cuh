@@ -10,6 +10,8 @@
 //                with plain ldmatrix, V (the B operand of P V, needed k-major) with ldmatrix.trans.
 //   channel-first (stride_n == 1): tiles are stored [d][token]; Q and K need ldmatrix.trans,
 //                V is already "col" for P V and uses plain ldmatrix.
+// Tiles are copied with 16-byte cp.async when every row start is 16-byte aligned (kAligned);
+// channel-first views with stride_d = N, N % 8 != 0, use 2-byte loads instead (TileScalarCopier).
 //
 // Only CUDA headers and attention_params.h are included: each instantiation .cu stays fast to build.
 #pragma once
@@ -30,26 +32,16 @@ namespace flash_fwd_detail {
 // row statistics never leave a warp). 64 keys per K/V tile: S (16x64 fp32) is 32 registers per
 // thread, which leaves room for the O accumulator up to dv = 128 without spilling, and keeps two
 // 64-key stages of K and V at (32, 64) within 24 KB so several CTAs share an SM. At N = 400 and
-// BH = 64 a 64-row tile gives 448 CTAs for 132 SMs (3.4 waves) where 128 rows would give 256.
+// BH = 64 a 64-row tile gives 448 CTAs for 132 SMs (3.4 per SM) where 128 rows would give 256
+// (1.9 per SM, and a worse balance between SMs with 2 and with 1).
 constexpr int kBlockM = 64;
 constexpr int kBlockN = 64;
 constexpr int kWarps = kBlockM / 16;
 constexpr int kThreads = kWarps * 32;
 
 // ---------------------------------------------------------------------------------------------
-// Element types
+// Element conversions (the kernel moves bf16 / fp16 data as raw 16-bit words)
 // ---------------------------------------------------------------------------------------------
-template <DType kDtype>
-struct ElementOf;
-template <>
-struct ElementOf<DType::kBFloat16> {
-  using type = __nv_bfloat16;
-};
-template <>
-struct ElementOf<DType::kFloat16> {
-  using type = __half;
-};
-
 template <DType kDtype>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi);
 
