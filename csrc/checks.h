@@ -4,7 +4,6 @@
 
 #include <ATen/ATen.h>
 
-#include <sstream>
 #include <string>
 
 #include "cuda/attention_params.h"
@@ -15,11 +14,22 @@ namespace psa_fa2 {
 // thread of a 128-thread CTA).
 constexpr int64_t kMaxHeadDim = 256;
 
+// Messages are built from strings only: streaming integers into an ostream from this
+// library crashed on one torch build (a libstdc++ mismatch in ostream's number
+// formatting), and an error path must never crash.
+inline std::string str(int64_t x) { return std::to_string(x); }
+
+inline std::string str(at::IntArrayRef xs) {
+  std::string out = "[";
+  for (size_t i = 0; i < xs.size(); ++i) out += (i ? ", " : "") + std::to_string(xs[i]);
+  return out + "]";
+}
+
+inline std::string str(const at::Device& d) { return d.str(); }
+
 inline std::string describe(const at::Tensor& t) {
-  std::ostringstream os;
-  os << "shape " << t.sizes() << " strides " << t.strides() << " dtype " << t.scalar_type()
-     << " on " << t.device();
-  return os.str();
+  return "shape " + str(t.sizes()) + " strides " + str(t.strides()) + " dtype " +
+         c10::toString(t.scalar_type()) + " on " + str(t.device());
 }
 
 // A logical [B, H, N, D] tensor is token-major when D has stride 1 and channel-first
@@ -47,20 +57,20 @@ inline at::ScalarType accumulate_dtype(at::ScalarType dtype) {
 }
 
 inline void check_rank4(const at::Tensor& t, const char* name, const char* dims) {
-  TORCH_CHECK(t.dim() == 4, name, " must be a 4-d tensor ", dims, ", got ", t.dim(),
+  TORCH_CHECK(t.dim() == 4, name, " must be a 4-d tensor ", dims, ", got ", str(t.dim()),
               "-d with ", describe(t));
 }
 
 inline void check_same_dtype_device(const at::Tensor& t, const char* name, const at::Tensor& q) {
   TORCH_CHECK(t.scalar_type() == q.scalar_type(), name, " must have the dtype of q (",
               q.scalar_type(), "), got ", t.scalar_type());
-  TORCH_CHECK(t.device() == q.device(), name, " must be on the device of q (", q.device(),
-              "), got ", t.device());
+  TORCH_CHECK(t.device() == q.device(), name, " must be on the device of q (", str(q.device()),
+              "), got ", str(t.device()));
 }
 
 inline void check_shape(const at::Tensor& t, const char* name, at::IntArrayRef expected,
                         const char* dims) {
-  TORCH_CHECK(t.sizes() == expected, name, " must have shape ", expected, " ", dims, ", got ",
+  TORCH_CHECK(t.sizes() == expected, name, " must have shape ", str(expected), " ", dims, ", got ",
               describe(t));
 }
 
@@ -74,16 +84,16 @@ inline Layout common_layout(std::initializer_list<std::pair<const char*, const a
   }
   if (token_major) return Layout::kTokenMajor;
   if (channel_first) return Layout::kChannelFirst;
-  std::ostringstream os;
+  std::string got;
   for (const auto& [name, t] : ts) {
-    os << " " << name << ": "
-       << (is_token_major(*t) ? "token-major" : is_channel_first(*t) ? "channel-first" : "neither")
-       << " (strides " << t->strides() << ");";
+    got += std::string(" ") + name + ": " +
+           (is_token_major(*t) ? "token-major" : is_channel_first(*t) ? "channel-first" : "neither") +
+           " (strides " + str(t->strides()) + ");";
   }
   TORCH_CHECK(false,
               "all tensors of one call must share one layout of the logical [B, H, N, D] view: "
               "token-major (stride(-1) == 1) or channel-first (stride(-2) == 1); got",
-              os.str());
+              got);
 }
 
 inline AttnShape check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -98,15 +108,15 @@ inline AttnShape check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, cons
   check_same_dtype_device(v, "v", q);
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), dk = q.size(3), dv = v.size(3);
   check_shape(k, "k", {B, H, N, dk}, "[B, H, N, dk] (like q)");
-  TORCH_CHECK(v.size(0) == B && v.size(1) == H && v.size(2) == N, "v must have shape [", B, ", ",
-              H, ", ", N, ", dv] ([B, H, N] of q), got ", describe(v));
-  TORCH_CHECK(dk >= 1 && dk <= kMaxHeadDim, "q and k head dim (dk) must be in [1, ", kMaxHeadDim,
-              "], got ", dk);
-  TORCH_CHECK(dv >= 1 && dv <= kMaxHeadDim, "v head dim (dv) must be in [1, ", kMaxHeadDim,
-              "], got ", dv);
+  TORCH_CHECK(v.size(0) == B && v.size(1) == H && v.size(2) == N, "v must have shape [", str(B), ", ",
+              str(H), ", ", str(N), ", dv] ([B, H, N] of q), got ", describe(v));
+  TORCH_CHECK(dk >= 1 && dk <= kMaxHeadDim, "q and k head dim (dk) must be in [1, ", str(kMaxHeadDim),
+              "], got ", str(dk));
+  TORCH_CHECK(dv >= 1 && dv <= kMaxHeadDim, "v head dim (dv) must be in [1, ", str(kMaxHeadDim),
+              "], got ", str(dv));
   TORCH_CHECK(N <= INT32_MAX && B * H <= 65535,
-              "N must be < 2^31 and B*H <= 65535 (the grid's y dimension), got N = ", N,
-              ", B*H = ", B * H);
+              "N must be < 2^31 and B*H <= 65535 (the grid's y dimension), got N = ", str(N),
+              ", B*H = ", str(B * H));
   const Layout layout = common_layout({{"q", &q}, {"k", &k}, {"v", &v}});
   return {B, H, N, dk, dv, layout};
 }
@@ -137,8 +147,8 @@ inline AttnShape check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, c
   const auto acc = accumulate_dtype(q.scalar_type());
   TORCH_CHECK(lse.scalar_type() == acc, "lse must be ", acc, " for ", q.scalar_type(),
               " inputs (as fwd returns it), got ", lse.scalar_type());
-  TORCH_CHECK(lse.device() == q.device(), "lse must be on the device of q (", q.device(),
-              "), got ", lse.device());
+  TORCH_CHECK(lse.device() == q.device(), "lse must be on the device of q (", str(q.device()),
+              "), got ", str(lse.device()));
   TORCH_CHECK(lse.is_contiguous(), "lse must be contiguous, got ", describe(lse));
   s.layout = common_layout({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout},
                             {"dq", &dq}, {"dk", &dk}, {"dv", &dv}});

@@ -5,11 +5,16 @@
 import torch  # noqa: F401  (loads libtorch, which _C links against)
 
 from . import _C
+from .nn import PSAAttention
 from .ops import attention, bwd, fwd, psa_attention
+from .patch import is_patched, patch_ultralytics, patched, unpatch_ultralytics
 
 __version__ = _C.build_info()["version"]
 
-__all__ = ["attention", "psa_attention", "fwd", "bwd", "build_info", "__version__"]
+__all__ = [
+    "attention", "psa_attention", "fwd", "bwd", "build_info", "__version__",
+    "PSAAttention", "patch_ultralytics", "unpatch_ultralytics", "patched", "is_patched",
+]
 
 
 def build_info() -> dict:
