@@ -2,10 +2,23 @@
 """Benchmark psa_fa2_ext against every attention a PSA / C2PSA user could pick.
 
     python bench/bench_attention.py                 # CPU: small default; GPU: full matrix
-    python bench/bench_attention.py --quick         # GPU: bf16, four shapes, short timing
+    python bench/bench_attention.py --quick         # GPU: bf16, four shapes, ~2 min
     python bench/bench_attention.py --shapes 8x4x6400 --dtypes bf16 --peers ours sdpa_cudnn
 
-Writes <out>.json and <out>.md and prints the markdown, its summary table last.
+Writes <out>.json and <out>.md and prints the markdown, its summary table last. Results
+are rewritten after every case, so a run that is killed keeps what it finished.
+
+The full GPU matrix (4 dtypes x 7 shapes x 9 peers x 2 modes, with torch.compile and
+JIT peers) does not reliably fit one 10-minute command. Run it one dtype per command,
+each stopping before its limit, then merge:
+
+    for d in bf16 fp16 fp32 fp32-tf32; do
+      python bench/bench_attention.py --dtypes $d --budget-s 420 --out bench/results/full-$d
+    done
+    python bench/report.py bench/results/full-*.json --out bench/results/full
+
+--budget-s only stops new cases from starting (the report lists those not run; rerun
+them with --shapes). --quick on GPU defaults to --budget-s 150 for the same reason.
 """
 import argparse
 import math
@@ -21,7 +34,8 @@ sys.path.insert(0, HERE)
 sys.path.append(os.path.dirname(HERE))
 
 import peers  # noqa: E402
-from measure import eager_step_row, free, run_peer, split_views  # noqa: E402
+from measure import (eager_step_row, empty_row, free, is_oom, run_peer,  # noqa: E402
+                     short_error, split_views)
 import report  # noqa: E402
 import timing  # noqa: E402
 from reference import reference  # noqa: E402
@@ -107,19 +121,46 @@ def flops(B, H, N, dk, dv, mode):
     return fwd if mode == "fwd" else 3.5 * fwd
 
 
+def make_inputs(case, B, H, N, seed, grads):
+    """qkv [B, H*(2dk+dv), h, w], dout [B, H, dv, N] and the float64 reference."""
+    # A CPU generator: the same numbers on every device, and no use of the CUDA generator,
+    # whose state a peer's failed graph capture could have broken.
+    gen = torch.Generator().manual_seed(seed)
+    h, w = grid(N)
+    qkv = torch.randn(B, H * (2 * case.dk + case.dv), h, w, generator=gen)
+    dout = torch.randn(B, H, case.dv, N, generator=gen)
+    qkv, dout = qkv.to(case.device, case.dtype), dout.to(case.device, case.dtype)
+    q, k, v = split_views(qkv, H, case.dk, case.dv)
+    return qkv, dout, reference(q, k, v, case.scale, dout if grads else None)
+
+
+def failed_row(e):
+    return empty_row(status="OOM" if is_oom(e) else "n/a", note=short_error(e))
+
+
 def run_case(dtype_name, shape, dims, cfg, rows, steps, progress):
     B, H, N = shape
     dk, dv = dims
     dtype, _ = DTYPES[dtype_name]
     device = cfg.device
     case = peers.Case(dk=dk, dv=dv, scale=dk ** -0.5, dtype=dtype, device=device)
-    torch.manual_seed(cfg.seed)
-    h, w = grid(N)
-    qkv = torch.randn(B, H * (2 * dk + dv), h, w, device=device, dtype=dtype)
-    dout = torch.randn(B, H, dv, N, device=device, dtype=dtype)
-    q, k, v = split_views(qkv, H, dk, dv)
-    ref = reference(q, k, v, case.scale, dout if "fwd+bwd" in cfg.modes else None)
     base = dict(B=B, H=H, N=N, dk=dk, dv=dv, dtype=dtype_name)
+    try:
+        qkv, dout, ref = make_inputs(case, B, H, N, cfg.seed, "fwd+bwd" in cfg.modes)
+        failed = None
+    except Exception as e:  # noqa: BLE001 - e.g. OOM at a huge N: mark the case, go on
+        failed = failed_row(e)
+        failed["note"] = "case setup: " + failed["note"]
+    if failed:
+        free(device)
+        for mode in cfg.modes:
+            for name in cfg.peers:
+                rows.append(dict(base, mode=mode, peer=name, **failed))
+                progress.step(f"{dtype_name} {B}x{H}x{N} {mode} {name}", failed["status"])
+        if cfg.step:
+            progress.step(f"{dtype_name} {B}x{H}x{N} eager step", failed["status"])
+        return
+    q, k, v = split_views(qkv, H, dk, dv)
     for mode in cfg.modes:
         if mode == "fwd":
             views = (q, k, v)
@@ -128,8 +169,12 @@ def run_case(dtype_name, shape, dims, cfg, rows, steps, progress):
         mode_rows = []
         for name in cfg.peers:
             label = f"{dtype_name} {B}x{H}x{N} {mode} {name}"
-            r = dict(base, mode=mode, peer=name,
-                     **run_peer(name, case, mode, *views, dout, ref, cfg))
+            try:   # run_peer guards itself; this only keeps a bug in it from ending the run
+                res = run_peer(name, case, mode, *views, dout, ref, cfg)
+            except Exception as e:  # noqa: BLE001
+                res = failed_row(e)
+                free(device)
+            r = dict(base, mode=mode, peer=name, **res)
             if r["kernel_us"]:
                 r["tflops"] = flops(B, H, N, dk, dv, mode) / (r["kernel_us"] * 1e-6) / 1e12
             mode_rows.append(r)
@@ -167,7 +212,7 @@ def configure(args):
         device=device, shapes=shapes, dtypes=dtypes, peers=peer_names, dims=args.head_dims,
         modes=args.modes, step=not args.no_step, seed=args.seed, warmup=3 if cuda else 2,
         repeats=args.repeats or repeats, target_s=(args.target_ms or target_ms) / 1e3,
-        budget_s=args.budget_s)
+        budget_s=args.budget_s if args.budget_s is not None else (150 if cuda and args.quick else None))
     if args.out:
         out = args.out
     else:
@@ -180,9 +225,13 @@ def configure(args):
 
 def config_doc(cfg):
     if cfg.device.type == "cuda":
-        method = (f"CUDA events; calls under {timing.GRAPH_BELOW_S * 1e3:g} ms are captured "
-                  f"{timing.GRAPH_CALLS} to a CUDA graph and the graph is replayed (GPU time only, "
-                  "launch overhead excluded), longer calls are timed as an event-bracketed loop")
+        method = (f"CUDA events. Calls under {timing.GRAPH_BELOW_S * 1e3:g} ms of peers known to "
+                  f"capture cleanly ({', '.join(sorted(f'{p} {m}' for p, m in peers.GRAPH_SAFE))}) "
+                  f"are captured {timing.GRAPH_CALLS} to a CUDA graph that is replayed (GPU time "
+                  "only, launch overhead excluded); all other rows are events around a loop of "
+                  "back-to-back eager calls, GPU time as long as the GPU is the bottleneck: "
+                  "'launch-bound?' marks rows whose host enqueue time was over 0.8x the GPU time, "
+                  "an upper bound. The timing column says which, per row")
     else:
         method = "host perf_counter around a loop (CPU, no GPU)"
     return dict(device=str(cfg.device), shapes=cfg.shapes, dtypes=cfg.dtypes, peers=cfg.peers,

@@ -46,22 +46,30 @@ def free(device):
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
+        # Each row's peak is its own, whatever the previous row (or its failure) left.
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def empty_row(status="ok", note=""):
+    return dict(status=status, note=note, kernel_us=None, kernel_method=None, wall_us=None,
+                tflops=None, vs_ours=None, peak_mb=None, err_out=None, err_dq=None,
+                err_dk=None, err_dv=None)
 
 
 def run_peer(name, case, mode, q, k, v, dout, ref, cfg):
     """One row: time, memory and error of one peer, or why it could not run."""
-    row = dict(status="ok", note="", kernel_us=None, kernel_method=None, wall_us=None,
-               tflops=None, vs_ours=None, peak_mb=None, err_out=None, err_dq=None,
-               err_dk=None, err_dv=None)
+    row = empty_row()
     device = case.device
     try:
         cands = peers.build(name, case)
     except peers.Unsupported as e:
         return dict(row, status="n/a", note=str(e))
+    except Exception as e:  # noqa: BLE001 - a peer that breaks while building is n/a, not fatal
+        return dict(row, status="OOM" if is_oom(e) else "n/a", note=short_error(e))
     chosen, failures = None, []
     for cand in cands:
         step = make_step(cand.fn, mode, q, k, v, dout)
-        oom = False
+        oom, caught = False, []
         try:
             # SDPA says why a forced backend refuses only in warnings: keep them for the note.
             with warnings.catch_warnings(record=True) as caught, cand.context():
@@ -98,7 +106,8 @@ def run_peer(name, case, mode, q, k, v, dout, ref, cfg):
             est = min(warm[1:] or warm)
             # Calls of a second or more: few repeats, or one row would take minutes.
             repeats = cfg.repeats if est < 0.5 else max(2, cfg.repeats // 3)
-            kt, method = timing.kernel_time(step, device, est, cfg.target_s, repeats)
+            kt, method, tnote = timing.kernel_time(step, device, est, cfg.target_s, repeats,
+                                                   graph_ok=(name, mode) in peers.GRAPH_SAFE)
             n_wall = timing.iters_for(est, cfg.target_s)
             wall = statistics.median(timing.host_time(step, device, n_wall)
                                      for _ in range(min(3, repeats)))
@@ -107,8 +116,7 @@ def run_peer(name, case, mode, q, k, v, dout, ref, cfg):
         return dict(row, status=status, note=(row["note"] + "; " if row["note"] else "") + short_error(e))
     finally:
         free(device)
-    if "failed" in method:
-        row["note"] = "; ".join(filter(None, [row["note"], method]))
+    row["note"] = "; ".join(filter(None, [row["note"], tnote]))
     row.update(kernel_us=kt * 1e6, kernel_method=method, wall_us=wall * 1e6,
                peak_mb=None if peak is None else peak / 2**20)
     return row

@@ -132,7 +132,7 @@ def markdown(doc):
         if not rows:
             continue
         grads = mode != "fwd"
-        header = ["shape", "dtype", "peer", "kernel us", "wall us", "TFLOP/s", "peer/ours",
+        header = ["shape", "dtype", "peer", "kernel us", "timing", "wall us", "TFLOP/s", "peer/ours",
                   "peak MB", "err out"] + (["err dq", "err dk", "err dv"] if grads else []) + ["note"]
         lines = []
         for r in rows:
@@ -140,7 +140,8 @@ def markdown(doc):
             errs = [r["err_out"]] + ([r["err_dq"], r["err_dk"], r["err_dv"]] if grads else [])
             note = r["note"] if ok else f"**{r['status']}** {r['note']}".strip()
             lines.append([_shape(r), r["dtype"], PEERS[r["peer"]][0], _us(r["kernel_us"]),
-                          _us(r["wall_us"]), _f(r["tflops"], ".3g"), _f(r["vs_ours"], ".2f"),
+                          r.get("kernel_method") or "–", _us(r["wall_us"]),
+                          _f(r["tflops"], ".3g"), _f(r["vs_ours"], ".2f"),
                           _f(r["peak_mb"], ",.0f"), *[_f(e, ".1e") for e in errs], note])
         parts += ["", f"## {mode}", "", _table(header, lines)]
     if doc["eager_step"]:

@@ -1,19 +1,25 @@
-"""Clocks for the benchmark: GPU-only kernel time, host wall time, peak extra memory."""
+"""Clocks for the benchmark: GPU-only kernel time, host wall time, peak extra memory.
+
+GPU kernel time is CUDA events around a loop of back-to-back calls. For short calls
+(under GRAPH_BELOW_S) of peers known to capture cleanly (peers.graph_safe) the loop is
+a CUDA-graph replay instead, so that host launch cost cannot show. Everything else is
+timed eagerly: capturing arbitrary third-party code is what broke the first GPU run.
+"""
 import math
 import statistics
 import time
 
 import torch
 
-# A call below this is short enough that its host-side launch cost could show in a
-# plain event loop, so it is timed from a CUDA graph instead; above it the GPU queue
-# stays full while Python enqueues the next call, and events around a loop are GPU time.
+# Below this a call is short enough that host launch cost could show in a plain event
+# loop; above it the GPU queue stays full while Python enqueues the next call.
 GRAPH_BELOW_S = 5e-3
 # Calls captured into one graph; replays of it cover the rest of the iterations, which
-# keeps capture (and the graph's node count) small while one replay launch per 32 calls
-# stays negligible.
+# keeps capture (and the graph's node count) small while one replay per 32 calls is free.
 GRAPH_CALLS = 32
 MAX_ITERS = 2000
+# Set to the reason once graphs cannot be trusted in this process; no capture after that.
+graphs_off = None
 
 
 def sync(device):
@@ -35,55 +41,103 @@ def host_time(fn, device, n):
     return (time.perf_counter() - t0) / n
 
 
-def _events(fn, n, replay_of=None):
+def _events(fn, n):
+    """(GPU seconds, host enqueue seconds) for n back-to-back calls of fn."""
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
     start.record()
+    t0 = time.perf_counter()
     for _ in range(n):
-        (replay_of.replay if replay_of is not None else fn)()
+        fn()
+    host = time.perf_counter() - t0
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / 1e3
+    return start.elapsed_time(end) / 1e3, host
+
+
+def _recover(device):
+    """Undo what a failed capture leaves behind; returns a note for the row.
+
+    capture_end raising skips two things: torch.cuda.graph's stream restore (done by the
+    caller) and the default CUDA generator's capture epilogue, whose flag then stays set
+    so every later CUDA RNG call raises "Offset increment outside graph capture
+    encountered unexpectedly". A capture that succeeds runs the epilogue and clears it.
+    """
+    global graphs_off
+    main = torch.cuda.current_stream(device)
+    try:
+        torch.cuda.synchronize(device)
+        x = torch.zeros(1, device=device)
+        g = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(g, stream=torch.cuda.Stream(device)):
+                x.add_(1)
+        finally:
+            torch.cuda.set_stream(main)
+        del g
+        torch.cuda.synchronize(device)
+        torch.randn(1, device=device)   # raises if the generator is still stuck
+        return "state recovered"
+    except Exception as e:  # noqa: BLE001
+        graphs_off = f"recovery after a failed capture failed ({type(e).__name__})"
+        return "graphs disabled for the rest of the run"
 
 
 def _graph_times(fn, device, n, repeats):
     calls = min(GRAPH_CALLS, n)
     replays = math.ceil(n / calls)
+    main = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
+    side.wait_stream(main)
     with torch.cuda.stream(side):
-        fn()   # allocations and lazy inits happen off-capture, as CUDA-graph capture needs
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
+        for _ in range(2):   # lazy inits (cuBLAS workspace of this stream) off-capture
             fn()
-    graph.replay()
-    sync(device)
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
     try:
-        return [_events(None, replays, graph) / (replays * calls) for _ in range(repeats)]
+        with torch.cuda.graph(graph, stream=side):
+            for _ in range(calls):
+                fn()
+    finally:
+        # torch.cuda.graph does not restore the stream when capture_end raises.
+        torch.cuda.set_stream(main)
+    try:
+        graph.replay()
+        sync(device)
+        return [_events(graph.replay, replays)[0] / (replays * calls) for _ in range(repeats)]
     finally:
         del graph
 
 
-def kernel_time(fn, device, est_s, target_s, repeats):
-    """(median seconds per call, method) of the device work alone."""
+def kernel_time(fn, device, est_s, target_s, repeats, graph_ok=False):
+    """(median seconds per call, method, note) of the device work alone.
+
+    note says why a graph-safe peer was timed eagerly after all ("" when it was not).
+    """
     n = iters_for(est_s, target_s)
     if device.type != "cuda":
         times = [host_time(fn, device, n) for _ in range(repeats)]
-        return statistics.median(times), f"host loop x{n}"
-    method = None
-    if est_s < GRAPH_BELOW_S:
-        try:
-            times = _graph_times(fn, device, n, repeats)
-            method = f"CUDA graph x{n}"
-        except Exception as e:  # noqa: BLE001 - a peer that cannot be captured is still timed
-            method = f"events x{n} (graph capture failed: {type(e).__name__})"
-            torch.cuda.synchronize(device)
-    if method is None or not method.startswith("CUDA graph"):
-        times = [_events(fn, n) / n for _ in range(repeats)]
-        method = method or f"events x{n}"
-    return statistics.median(times), method
+        return statistics.median(times), f"host loop x{n}", ""
+    note = ""
+    if graph_ok and est_s < GRAPH_BELOW_S:
+        if graphs_off:
+            note = f"no graph: {graphs_off}"
+        else:
+            try:
+                times = _graph_times(fn, device, n, repeats)
+                return statistics.median(times), f"CUDA graph x{n}", ""
+            except Exception as e:  # noqa: BLE001 - a peer that cannot be captured is still timed
+                # capture_end's error hides the one raised inside the capture: report that.
+                cause = e.__context__ or e
+                why = (str(cause).strip().splitlines() or [""])[0][:120]
+                note = f"graph capture failed ({type(cause).__name__}: {why}); {_recover(device)}"
+    gpu, host = zip(*(_events(fn, n) for _ in range(repeats)))
+    method = f"events x{n}"
+    # If the host needed about as long to enqueue the calls as the GPU took to run them,
+    # the GPU may have waited on Python: the time is then an upper bound.
+    if statistics.median(host) > 0.8 * statistics.median(gpu):
+        method += ", launch-bound?"
+    return statistics.median(gpu) / n, method, note
 
 
 def with_peak_memory(fn, device):
