@@ -1,7 +1,8 @@
 # make bench : set up, build, run the benchmark (CPU default when there is no GPU)
 # make test  : set up, build, run the tests
-# A virtual environment in $(VENV) holds everything; the extension builds in place, with
-# CUDA kernels when nvcc and a CUDA build of torch are there (setup.py decides).
+# A virtual environment in $(VENV) holds everything; the extension builds in place (ninja
+# rebuilds only what changed), with CUDA kernels when nvcc and a CUDA build of torch are
+# there (setup.py decides). `pip install --no-build-isolation .` installs it instead.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -17,7 +18,7 @@ $(VENV)/.setup-done: requirements-test.txt requirements-ultralytics.txt
 setup: $(VENV)/.setup-done
 
 build: setup
-	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	$(PY) setup.py -q build_ext --inplace
 	$(PY) -m psa_fa2_ext
 
 test: build
