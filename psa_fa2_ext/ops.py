@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from . import _C  # noqa: F401  (importing it registers torch.ops.psa_fa2)
+from .fused_qkv import SplitQKVAttention, split_base
 
 __all__ = ["fwd", "bwd", "attention", "psa_attention"]
 
@@ -196,13 +197,20 @@ def psa_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, *
         impl: ``"auto"``, ``"fast"`` or ``"reference"`` (see :func:`fwd`).
 
     Returns:
-        ``[B, H, dv, N]``, contiguous, so ``.view(B, H * dv, h, w)`` is free. Differentiable.
+        ``[B, H, dv, N]``, contiguous, so ``.view(B, H * dv, h, w)`` is free. Differentiable;
+        when q, k and v are exactly the split views of one tensor, the backward writes that
+        tensor's gradient in one buffer (no per-view gradients, no copies).
     """
     for t, name, dims in ((q, "q", "[B, H, dk, N]"), (k, "k", "[B, H, dk, N]"),
                           (v, "v", "[B, H, dv, N]")):
         _check_rank(t, name, dims)
+    scale = _default_scale(scale, q.shape[2])
+    base = None if torch.compiler.is_compiling() else split_base(q, k, v)
+    if base is not None and torch.is_grad_enabled() and base.requires_grad:
+        B, H, dk, N = q.shape
+        return SplitQKVAttention.apply(base, B, H, dk, v.shape[2], N, scale, impl)
     qt, kt, vt = q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)
     if _common_layout(qt, kt, vt) != "channel_first":
         qt, kt, vt = (t.contiguous().transpose(2, 3) for t in (q, k, v))
-    out = torch.ops.psa_fa2.fwd(qt, kt, vt, _default_scale(scale, q.shape[2]), impl)[0]
+    out = torch.ops.psa_fa2.fwd(qt, kt, vt, scale, impl)[0]
     return out.transpose(2, 3)
