@@ -225,15 +225,25 @@ def configure(args):
 
 def config_doc(cfg):
     if cfg.device.type == "cuda":
-        method = (f"CUDA events. Calls under {timing.GRAPH_BELOW_S * 1e3:g} ms of peers known to "
-                  f"capture cleanly ({', '.join(sorted(f'{p} {m}' for p, m in peers.GRAPH_SAFE))}) "
-                  f"are captured {timing.GRAPH_CALLS} to a CUDA graph that is replayed (GPU time "
-                  "only, launch overhead excluded); all other rows are events around a loop of "
-                  "back-to-back eager calls, GPU time as long as the GPU is the bottleneck: "
-                  "'launch-bound?' marks rows whose host enqueue time was over 0.8x the GPU time, "
-                  "an upper bound. The timing column says which, per row")
+        graphed = ", ".join(sorted(f"{p} {m}" for p, m in peers.GRAPH_SAFE))
+        method = (f"the timing column says how, per row. 'CUDA graph xN': forward calls under "
+                  f"{timing.GRAPH_BELOW_S * 1e3:g} ms of peers known to capture cleanly ({graphed}), "
+                  f"captured {timing.GRAPH_CALLS} to a CUDA graph replayed between CUDA events: "
+                  "GPU time only, host launch cost excluded, idle gaps between the graph's kernels "
+                  f"included; median of {cfg.repeats} repeats. 'profiler kernel sum xK': every "
+                  "other row, all fwd+bwd rows included: K eager calls under torch.profiler (CUDA "
+                  "activity), the durations of all device kernels, memcpys and memsets summed and "
+                  "divided by K: the device work of the call, the peer's own layout copies "
+                  "included, host time and idle gaps between kernels excluded (so a little below "
+                  "what a graph replay of the same work would show, which favours these rows over "
+                  "graph-timed ones of the same mode); median of up to "
+                  f"{min(timing.PROFILE_SESSIONS, cfg.repeats)} sessions. 'events xN': only where "
+                  "the profiler failed (the note says why): CUDA events around a loop of eager "
+                  "calls, GPU time only while the GPU is the bottleneck; 'launch-bound?' marks "
+                  "rows whose host enqueue time was over 0.8x the GPU time, an upper bound")
     else:
-        method = "host perf_counter around a loop (CPU, no GPU)"
+        method = (f"host perf_counter around a loop (CPU, no GPU), median of {cfg.repeats} "
+                  "repeats")
     return dict(device=str(cfg.device), shapes=cfg.shapes, dtypes=cfg.dtypes, peers=cfg.peers,
                 head_dims=cfg.dims, modes=cfg.modes, repeats=cfg.repeats, warmup=cfg.warmup,
                 target_ms=cfg.target_s * 1e3, seed=cfg.seed, kernel_method=method,

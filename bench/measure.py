@@ -22,6 +22,17 @@ def make_step(fn, mode, q, k, v, dout):
         def step():
             with torch.no_grad():
                 return fn(q, k, v)
+    elif q._base is not None:
+        # The gradient is taken of the tensor the views were split from, as in training
+        # (the conv output's): ours writes that one buffer directly and is not
+        # differentiable in the views themselves; other peers pay autograd's copy of the
+        # three view gradients into it. Its split views are dq, dk, dv.
+        base, H, dk, dv = q._base, q.shape[1], q.shape[2], v.shape[2]
+
+        def step():
+            out = fn(q, k, v)
+            (grad,) = torch.autograd.grad(out, base, dout)
+            return (out, *split_views(grad, H, dk, dv))
     else:
         def step():
             out = fn(q, k, v)

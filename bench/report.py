@@ -29,7 +29,9 @@ def machine(device):
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        "commit": _git("rev-parse", "HEAD"),
+        # A copy of the tree without .git (e.g. shipped to a GPU host) names its commit in
+        # PSA_FA2_COMMIT.
+        "commit": _git("rev-parse", "HEAD") or os.environ.get("PSA_FA2_COMMIT"),
         "dirty": bool(_git("status", "--porcelain")) if _git("rev-parse", "HEAD") else None,
         "device": str(device),
     }
@@ -113,15 +115,17 @@ def markdown(doc):
         f"{m['date']} · torch {m['torch']} (CUDA {m['torch_cuda']}, cuDNN {m['cudnn']}) · "
         f"commit {m['commit'] or 'none'}{' (dirty)' if m.get('dirty') else ''} · host {m['host']}",
         "",
-        f"- kernel time: {cfg['kernel_method']}; median of {cfg['repeats']} repeats after "
-        f"{cfg['warmup']} warm-up calls. wall time: host perf_counter around a synchronised "
-        "loop of eager calls (launch overhead included).",
+        f"- kernel time: {cfg['kernel_method']}. {cfg['warmup']} warm-up calls per row first. "
+        "wall time: host perf_counter around a synchronised loop of eager calls (launch and "
+        "Python overhead included: what an eager user waits for), median of up to 3 loops.",
         "- TFLOP/s from kernel time; fwd = 2·B·H·N²·(dk+dv) flops, fwd+bwd = 3.5× fwd.",
         "- peer/ours = peer kernel time / ours (> 1: ours is faster). peak MB = "
         "max_memory_allocated during one call minus what was allocated before it (inputs).",
         f"- error = max|x − ref| / max|ref| against {cfg['reference']}.",
         "- every peer starts from the same channel-first split views and returns "
-        "[B, H, dv, N] contiguous; its layout copies and padding are in its time.",
+        "[B, H, dv, N] contiguous; its layout copies and padding are in its time. fwd+bwd "
+        "differentiates the qkv tensor the views were split from (as training does), so a "
+        "peer also pays autograd's copy of the three view gradients into its gradient.",
     ]
     if m.get("psa_fa2_ext_error"):
         parts.append(f"- psa_fa2_ext could not be imported: {m['psa_fa2_ext_error']}")

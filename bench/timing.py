@@ -1,9 +1,12 @@
 """Clocks for the benchmark: GPU-only kernel time, host wall time, peak extra memory.
 
-GPU kernel time is CUDA events around a loop of back-to-back calls. For short calls
-(under GRAPH_BELOW_S) of peers known to capture cleanly (peers.graph_safe) the loop is
-a CUDA-graph replay instead, so that host launch cost cannot show. Everything else is
-timed eagerly: capturing arbitrary third-party code is what broke the first GPU run.
+GPU kernel time of short calls (under GRAPH_BELOW_S) of peers known to capture cleanly
+(peers.GRAPH_SAFE, forward only) is a CUDA-graph replay between CUDA events, so host
+launch cost cannot show. Every other row is the sum of the device kernels' own durations
+recorded by torch.profiler: a plain event loop around eager autograd calls at small
+shapes measured Python, not the GPU. Capturing arbitrary third-party code is what broke
+the first GPU run, so it is not tried. CUDA events around an eager loop remain only as
+the fallback when the profiler fails.
 """
 import math
 import statistics
@@ -20,6 +23,17 @@ GRAPH_CALLS = 32
 MAX_ITERS = 2000
 # Set to the reason once graphs cannot be trusted in this process; no capture after that.
 graphs_off = None
+# Profiler sessions per row: each start/stop costs tens of ms, and a kernel sum, free of
+# host jitter, barely varies between sessions.
+PROFILE_SESSIONS = 3
+# Calls per session at most: the trace (and its parsing in Python) grows with calls, while
+# the sum needs no long loop to beat a timer's resolution.
+PROFILE_MAX_CALLS = 200
+# Kineto activity types that are device work. Others on the device timeline are spans
+# over that work (gpu_user_annotation) or waits (cuda_sync): counting them would count
+# the kernels again.
+DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+_profiler_warm = False
 
 
 def sync(device):
@@ -109,10 +123,56 @@ def _graph_times(fn, device, n, repeats):
         del graph
 
 
+def device_work_us(events):
+    """(summed microseconds, count) of the device kernels, memcpys and memsets in events.
+
+    events: FunctionEvents of a profiler session (prof.events()). Host ops are skipped,
+    not asked for their device time: that is their kernels' time, counted here already.
+    """
+    from torch.autograd import DeviceType
+    total, count = 0.0, 0
+    for e in events:
+        if e.device_type == DeviceType.CPU:
+            continue
+        kind = getattr(e, "activity_type", None)   # a FunctionEvent field of newer torch only
+        if (kind is not None and kind not in DEVICE_WORK) or getattr(e, "is_user_annotation", False):
+            continue
+        # The event's own span. device_time_total (cuda_time_total in older torch) of a
+        # device event is this same span, but reads 0 for an event flagged async.
+        total += e.time_range.elapsed_us()
+        count += 1
+    return total, count
+
+
+def _profiled_times(fn, device, n, sessions):
+    """Seconds of device work per call, one per profiler session of n calls."""
+    # Lazy: the profiler (and CUPTI behind it) is loaded only when a CUDA row needs it.
+    from torch.profiler import ProfilerActivity, profile
+    global _profiler_warm
+    if not _profiler_warm:
+        # The first session of a process initialises CUPTI, slowly: not inside a row.
+        with profile(activities=[ProfilerActivity.CUDA]):
+            torch.ones(1, device=device).add_(1)
+            sync(device)
+        _profiler_warm = True
+    times = []
+    for _ in range(sessions):
+        sync(device)       # work queued before the session must not be recorded in it
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(n):
+                fn()
+            sync(device)   # every kernel has ended before the trace stops
+        us, count = device_work_us(prof.events())
+        if count == 0:
+            raise RuntimeError("profiler recorded no device kernels")
+        times.append(us * 1e-6 / n)
+    return times
+
+
 def kernel_time(fn, device, est_s, target_s, repeats, graph_ok=False):
     """(median seconds per call, method, note) of the device work alone.
 
-    note says why a graph-safe peer was timed eagerly after all ("" when it was not).
+    note says why a row was not timed the preferred way ("" when it was).
     """
     n = iters_for(est_s, target_s)
     if device.type != "cuda":
@@ -131,6 +191,14 @@ def kernel_time(fn, device, est_s, target_s, repeats, graph_ok=False):
                 cause = e.__context__ or e
                 why = (str(cause).strip().splitlines() or [""])[0][:120]
                 note = f"graph capture failed ({type(cause).__name__}: {why}); {_recover(device)}"
+    k = min(n, PROFILE_MAX_CALLS)
+    try:
+        times = _profiled_times(fn, device, k, min(PROFILE_SESSIONS, repeats))
+        return statistics.median(times), f"profiler kernel sum x{k}", note
+    except Exception as e:  # noqa: BLE001 - events still give a (possibly host-bound) time
+        why = (str(e).strip().splitlines() or [""])[0][:120]
+        note = "; ".join(filter(None, [note, f"profiler failed ({type(e).__name__}: {why}); "
+                                              "CUDA events instead"]))
     gpu, host = zip(*(_events(fn, n) for _ in range(repeats)))
     method = f"events x{n}"
     # If the host needed about as long to enqueue the calls as the GPU took to run them,
