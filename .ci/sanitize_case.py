@@ -7,7 +7,7 @@ import psa_fa2_ext  # noqa: F401
 
 torch.manual_seed(0)
 for layout in ("channel_first", "token_major"):
-    for N in (97, 400):
+    for N in (97, 400, 402, 1004):  # 2-, 16-, 4- and 8-byte channel-first copies
         for impl, deterministic in (("fast", False), ("fast", True), ("reference", False)):
             B, H, dk, dv = 1, 2, 32, 64
             if layout == "channel_first":

@@ -12,7 +12,9 @@ pytestmark = requires_cuda
 
 FAST_HEAD_DIMS = [(32, 64), (16, 16), (32, 32), (64, 64), (64, 128), (128, 128)]
 FAST_DTYPES = [torch.bfloat16, torch.float16]
-FAST_SEQLENS = [1, 7, 49, 97, 400, 1025, 4097]
+# Channel-first rows start at multiples of N elements: N % 8 == 0 gives 16-byte copies,
+# N % 4 == 0 (1004) 8-byte, N even (402) 4-byte, odd N 2-byte loads; every tail is partial.
+FAST_SEQLENS = [1, 7, 49, 97, 400, 402, 1004, 1025, 4097]
 
 dims = pytest.mark.parametrize("dk,dv", FAST_HEAD_DIMS, ids=[f"{a}x{b}" for a, b in FAST_HEAD_DIMS])
 dtypes = pytest.mark.parametrize("dtype", FAST_DTYPES, ids=str)

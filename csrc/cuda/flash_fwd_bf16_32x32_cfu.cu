@@ -2,6 +2,10 @@
 #include "flash_fwd_kernel.cuh"
 
 namespace psa_fa2 {
-template void launch_flash_fwd<DType::kBFloat16, 32, 32, Layout::kChannelFirst, false>(
+template void launch_flash_fwd<DType::kBFloat16, 32, 32, Layout::kChannelFirst, 8>(
+    const FwdParams&, cudaStream_t);
+template void launch_flash_fwd<DType::kBFloat16, 32, 32, Layout::kChannelFirst, 4>(
+    const FwdParams&, cudaStream_t);
+template void launch_flash_fwd<DType::kBFloat16, 32, 32, Layout::kChannelFirst, 2>(
     const FwdParams&, cudaStream_t);
 }  // namespace psa_fa2

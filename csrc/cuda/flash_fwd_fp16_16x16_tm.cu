@@ -2,6 +2,6 @@
 #include "flash_fwd_kernel.cuh"
 
 namespace psa_fa2 {
-template void launch_flash_fwd<DType::kFloat16, 16, 16, Layout::kTokenMajor, true>(
+template void launch_flash_fwd<DType::kFloat16, 16, 16, Layout::kTokenMajor, 16>(
     const FwdParams&, cudaStream_t);
 }  // namespace psa_fa2

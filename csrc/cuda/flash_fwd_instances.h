@@ -8,119 +8,191 @@
 
 namespace psa_fa2 {
 
-template <DType kDtype, int kDk, int kDv, Layout kLayout, bool kAligned>
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
 void launch_flash_fwd(const FwdParams& params, cudaStream_t stream);
 
-extern template void launch_flash_fwd<DType::kBFloat16, 32, 64, Layout::kTokenMajor, true>(
+extern template void launch_flash_fwd<DType::kBFloat16, 32, 64, Layout::kTokenMajor, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 32, 64, Layout::kChannelFirst, true>(
+extern template void launch_flash_fwd<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 32, 64, Layout::kChannelFirst, false>(
+extern template void launch_flash_fwd<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 32, 64, Layout::kTokenMajor, true>(
+extern template void launch_flash_fwd<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 32, 64, Layout::kChannelFirst, true>(
+extern template void launch_flash_fwd<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 32, 64, Layout::kChannelFirst, false>(
+extern template void launch_flash_fwd<DType::kFloat16, 32, 64, Layout::kTokenMajor, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 16, 16, Layout::kTokenMajor, true>(
+extern template void launch_flash_fwd<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 16, 16, Layout::kChannelFirst, true>(
+extern template void launch_flash_fwd<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 16, 16, Layout::kChannelFirst, false>(
+extern template void launch_flash_fwd<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 16, 16, Layout::kTokenMajor, true>(
+extern template void launch_flash_fwd<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 16, 16, Layout::kChannelFirst, true>(
+extern template void launch_flash_fwd<DType::kBFloat16, 16, 16, Layout::kTokenMajor, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 16, 16, Layout::kChannelFirst, false>(
+extern template void launch_flash_fwd<DType::kBFloat16, 16, 16, Layout::kChannelFirst, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 32, 32, Layout::kTokenMajor, true>(
+extern template void launch_flash_fwd<DType::kBFloat16, 16, 16, Layout::kChannelFirst, 8>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 32, 32, Layout::kChannelFirst, true>(
+extern template void launch_flash_fwd<DType::kBFloat16, 16, 16, Layout::kChannelFirst, 4>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 32, 32, Layout::kChannelFirst, false>(
+extern template void launch_flash_fwd<DType::kBFloat16, 16, 16, Layout::kChannelFirst, 2>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 32, 32, Layout::kTokenMajor, true>(
+extern template void launch_flash_fwd<DType::kFloat16, 16, 16, Layout::kTokenMajor, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 32, 32, Layout::kChannelFirst, true>(
+extern template void launch_flash_fwd<DType::kFloat16, 16, 16, Layout::kChannelFirst, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 32, 32, Layout::kChannelFirst, false>(
+extern template void launch_flash_fwd<DType::kFloat16, 16, 16, Layout::kChannelFirst, 8>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 64, 64, Layout::kTokenMajor, true>(
+extern template void launch_flash_fwd<DType::kFloat16, 16, 16, Layout::kChannelFirst, 4>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 64, 64, Layout::kChannelFirst, true>(
+extern template void launch_flash_fwd<DType::kFloat16, 16, 16, Layout::kChannelFirst, 2>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 64, 64, Layout::kChannelFirst, false>(
+extern template void launch_flash_fwd<DType::kBFloat16, 32, 32, Layout::kTokenMajor, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 64, 64, Layout::kTokenMajor, true>(
+extern template void launch_flash_fwd<DType::kBFloat16, 32, 32, Layout::kChannelFirst, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 64, 64, Layout::kChannelFirst, true>(
+extern template void launch_flash_fwd<DType::kBFloat16, 32, 32, Layout::kChannelFirst, 8>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 64, 64, Layout::kChannelFirst, false>(
+extern template void launch_flash_fwd<DType::kBFloat16, 32, 32, Layout::kChannelFirst, 4>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 64, 128, Layout::kTokenMajor, true>(
+extern template void launch_flash_fwd<DType::kBFloat16, 32, 32, Layout::kChannelFirst, 2>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 64, 128, Layout::kChannelFirst, true>(
+extern template void launch_flash_fwd<DType::kFloat16, 32, 32, Layout::kTokenMajor, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 64, 128, Layout::kChannelFirst, false>(
+extern template void launch_flash_fwd<DType::kFloat16, 32, 32, Layout::kChannelFirst, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 64, 128, Layout::kTokenMajor, true>(
+extern template void launch_flash_fwd<DType::kFloat16, 32, 32, Layout::kChannelFirst, 8>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 64, 128, Layout::kChannelFirst, true>(
+extern template void launch_flash_fwd<DType::kFloat16, 32, 32, Layout::kChannelFirst, 4>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 64, 128, Layout::kChannelFirst, false>(
+extern template void launch_flash_fwd<DType::kFloat16, 32, 32, Layout::kChannelFirst, 2>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 128, 128, Layout::kTokenMajor, true>(
+extern template void launch_flash_fwd<DType::kBFloat16, 64, 64, Layout::kTokenMajor, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 128, 128, Layout::kChannelFirst, true>(
+extern template void launch_flash_fwd<DType::kBFloat16, 64, 64, Layout::kChannelFirst, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kBFloat16, 128, 128, Layout::kChannelFirst, false>(
+extern template void launch_flash_fwd<DType::kBFloat16, 64, 64, Layout::kChannelFirst, 8>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 128, 128, Layout::kTokenMajor, true>(
+extern template void launch_flash_fwd<DType::kBFloat16, 64, 64, Layout::kChannelFirst, 4>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 128, 128, Layout::kChannelFirst, true>(
+extern template void launch_flash_fwd<DType::kBFloat16, 64, 64, Layout::kChannelFirst, 2>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd<DType::kFloat16, 128, 128, Layout::kChannelFirst, false>(
+extern template void launch_flash_fwd<DType::kFloat16, 64, 64, Layout::kTokenMajor, 16>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kFloat16, 64, 64, Layout::kChannelFirst, 16>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kFloat16, 64, 64, Layout::kChannelFirst, 8>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kFloat16, 64, 64, Layout::kChannelFirst, 4>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kFloat16, 64, 64, Layout::kChannelFirst, 2>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kBFloat16, 64, 128, Layout::kTokenMajor, 16>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kBFloat16, 64, 128, Layout::kChannelFirst, 16>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kBFloat16, 64, 128, Layout::kChannelFirst, 8>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kBFloat16, 64, 128, Layout::kChannelFirst, 4>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kBFloat16, 64, 128, Layout::kChannelFirst, 2>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kFloat16, 64, 128, Layout::kTokenMajor, 16>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kFloat16, 64, 128, Layout::kChannelFirst, 16>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kFloat16, 64, 128, Layout::kChannelFirst, 8>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kFloat16, 64, 128, Layout::kChannelFirst, 4>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kFloat16, 64, 128, Layout::kChannelFirst, 2>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kBFloat16, 128, 128, Layout::kTokenMajor, 16>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kBFloat16, 128, 128, Layout::kChannelFirst, 16>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kBFloat16, 128, 128, Layout::kChannelFirst, 8>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kBFloat16, 128, 128, Layout::kChannelFirst, 4>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kBFloat16, 128, 128, Layout::kChannelFirst, 2>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kFloat16, 128, 128, Layout::kTokenMajor, 16>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kFloat16, 128, 128, Layout::kChannelFirst, 16>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kFloat16, 128, 128, Layout::kChannelFirst, 8>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kFloat16, 128, 128, Layout::kChannelFirst, 4>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd<DType::kFloat16, 128, 128, Layout::kChannelFirst, 2>(
     const FwdParams&, cudaStream_t);
 
 }  // namespace psa_fa2
 
-// X(dtype, dk, dv, layout, aligned) for every instantiation above.
+// X(dtype, dk, dv, layout, vec_bytes) for every instantiation above.
 #define PSA_FA2_FLASH_FWD_INSTANCES(X) \
-  X(kBFloat16, 32, 64, kTokenMajor, true) \
-  X(kBFloat16, 32, 64, kChannelFirst, true) \
-  X(kBFloat16, 32, 64, kChannelFirst, false) \
-  X(kFloat16, 32, 64, kTokenMajor, true) \
-  X(kFloat16, 32, 64, kChannelFirst, true) \
-  X(kFloat16, 32, 64, kChannelFirst, false) \
-  X(kBFloat16, 16, 16, kTokenMajor, true) \
-  X(kBFloat16, 16, 16, kChannelFirst, true) \
-  X(kBFloat16, 16, 16, kChannelFirst, false) \
-  X(kFloat16, 16, 16, kTokenMajor, true) \
-  X(kFloat16, 16, 16, kChannelFirst, true) \
-  X(kFloat16, 16, 16, kChannelFirst, false) \
-  X(kBFloat16, 32, 32, kTokenMajor, true) \
-  X(kBFloat16, 32, 32, kChannelFirst, true) \
-  X(kBFloat16, 32, 32, kChannelFirst, false) \
-  X(kFloat16, 32, 32, kTokenMajor, true) \
-  X(kFloat16, 32, 32, kChannelFirst, true) \
-  X(kFloat16, 32, 32, kChannelFirst, false) \
-  X(kBFloat16, 64, 64, kTokenMajor, true) \
-  X(kBFloat16, 64, 64, kChannelFirst, true) \
-  X(kBFloat16, 64, 64, kChannelFirst, false) \
-  X(kFloat16, 64, 64, kTokenMajor, true) \
-  X(kFloat16, 64, 64, kChannelFirst, true) \
-  X(kFloat16, 64, 64, kChannelFirst, false) \
-  X(kBFloat16, 64, 128, kTokenMajor, true) \
-  X(kBFloat16, 64, 128, kChannelFirst, true) \
-  X(kBFloat16, 64, 128, kChannelFirst, false) \
-  X(kFloat16, 64, 128, kTokenMajor, true) \
-  X(kFloat16, 64, 128, kChannelFirst, true) \
-  X(kFloat16, 64, 128, kChannelFirst, false) \
-  X(kBFloat16, 128, 128, kTokenMajor, true) \
-  X(kBFloat16, 128, 128, kChannelFirst, true) \
-  X(kBFloat16, 128, 128, kChannelFirst, false) \
-  X(kFloat16, 128, 128, kTokenMajor, true) \
-  X(kFloat16, 128, 128, kChannelFirst, true) \
-  X(kFloat16, 128, 128, kChannelFirst, false)
+  X(kBFloat16, 32, 64, kTokenMajor, 16) \
+  X(kBFloat16, 32, 64, kChannelFirst, 16) \
+  X(kBFloat16, 32, 64, kChannelFirst, 8) \
+  X(kBFloat16, 32, 64, kChannelFirst, 4) \
+  X(kBFloat16, 32, 64, kChannelFirst, 2) \
+  X(kFloat16, 32, 64, kTokenMajor, 16) \
+  X(kFloat16, 32, 64, kChannelFirst, 16) \
+  X(kFloat16, 32, 64, kChannelFirst, 8) \
+  X(kFloat16, 32, 64, kChannelFirst, 4) \
+  X(kFloat16, 32, 64, kChannelFirst, 2) \
+  X(kBFloat16, 16, 16, kTokenMajor, 16) \
+  X(kBFloat16, 16, 16, kChannelFirst, 16) \
+  X(kBFloat16, 16, 16, kChannelFirst, 8) \
+  X(kBFloat16, 16, 16, kChannelFirst, 4) \
+  X(kBFloat16, 16, 16, kChannelFirst, 2) \
+  X(kFloat16, 16, 16, kTokenMajor, 16) \
+  X(kFloat16, 16, 16, kChannelFirst, 16) \
+  X(kFloat16, 16, 16, kChannelFirst, 8) \
+  X(kFloat16, 16, 16, kChannelFirst, 4) \
+  X(kFloat16, 16, 16, kChannelFirst, 2) \
+  X(kBFloat16, 32, 32, kTokenMajor, 16) \
+  X(kBFloat16, 32, 32, kChannelFirst, 16) \
+  X(kBFloat16, 32, 32, kChannelFirst, 8) \
+  X(kBFloat16, 32, 32, kChannelFirst, 4) \
+  X(kBFloat16, 32, 32, kChannelFirst, 2) \
+  X(kFloat16, 32, 32, kTokenMajor, 16) \
+  X(kFloat16, 32, 32, kChannelFirst, 16) \
+  X(kFloat16, 32, 32, kChannelFirst, 8) \
+  X(kFloat16, 32, 32, kChannelFirst, 4) \
+  X(kFloat16, 32, 32, kChannelFirst, 2) \
+  X(kBFloat16, 64, 64, kTokenMajor, 16) \
+  X(kBFloat16, 64, 64, kChannelFirst, 16) \
+  X(kBFloat16, 64, 64, kChannelFirst, 8) \
+  X(kBFloat16, 64, 64, kChannelFirst, 4) \
+  X(kBFloat16, 64, 64, kChannelFirst, 2) \
+  X(kFloat16, 64, 64, kTokenMajor, 16) \
+  X(kFloat16, 64, 64, kChannelFirst, 16) \
+  X(kFloat16, 64, 64, kChannelFirst, 8) \
+  X(kFloat16, 64, 64, kChannelFirst, 4) \
+  X(kFloat16, 64, 64, kChannelFirst, 2) \
+  X(kBFloat16, 64, 128, kTokenMajor, 16) \
+  X(kBFloat16, 64, 128, kChannelFirst, 16) \
+  X(kBFloat16, 64, 128, kChannelFirst, 8) \
+  X(kBFloat16, 64, 128, kChannelFirst, 4) \
+  X(kBFloat16, 64, 128, kChannelFirst, 2) \
+  X(kFloat16, 64, 128, kTokenMajor, 16) \
+  X(kFloat16, 64, 128, kChannelFirst, 16) \
+  X(kFloat16, 64, 128, kChannelFirst, 8) \
+  X(kFloat16, 64, 128, kChannelFirst, 4) \
+  X(kFloat16, 64, 128, kChannelFirst, 2) \
+  X(kBFloat16, 128, 128, kTokenMajor, 16) \
+  X(kBFloat16, 128, 128, kChannelFirst, 16) \
+  X(kBFloat16, 128, 128, kChannelFirst, 8) \
+  X(kBFloat16, 128, 128, kChannelFirst, 4) \
+  X(kBFloat16, 128, 128, kChannelFirst, 2) \
+  X(kFloat16, 128, 128, kTokenMajor, 16) \
+  X(kFloat16, 128, 128, kChannelFirst, 16) \
+  X(kFloat16, 128, 128, kChannelFirst, 8) \
+  X(kFloat16, 128, 128, kChannelFirst, 4) \
+  X(kFloat16, 128, 128, kChannelFirst, 2)

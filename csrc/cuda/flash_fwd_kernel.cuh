@@ -10,8 +10,11 @@
 //                with plain ldmatrix, V (the B operand of P V, needed k-major) with ldmatrix.trans.
 //   channel-first (stride_n == 1): tiles are stored [d][token]; Q and K need ldmatrix.trans,
 //                V is already "col" for P V and uses plain ldmatrix.
-// Tiles are copied with 16-byte cp.async when every row start is 16-byte aligned (kAligned);
-// channel-first views with stride_d = N, N % 8 != 0, use 2-byte loads instead (TileScalarCopier).
+// Tiles are copied with cp.async of kVecBytes = 16, 8 or 4 bytes, the widest size that every
+// tile row start allows (flash_fwd_dispatch.cu picks it from the real pointers and strides):
+// 16 whenever rows are 16-byte aligned; channel-first views with stride_d = N take 8 when
+// N % 4 == 0, 4 when N is even. Odd N (kVecBytes = 2) has no cp.async form and uses synchronous
+// 2-byte loads (TileScalarCopier). Token-major is always 16.
 //
 // Only CUDA headers and attention_params.h are included: each instantiation .cu stays fast to build.
 #pragma once
@@ -34,8 +37,8 @@ namespace flash_fwd_detail {
 // 64-key stages of K and V at (32, 64) within 24 KB so several CTAs share an SM. At N = 400 and
 // BH = 64 a 64-row tile gives 448 CTAs for 132 SMs (3.4 per SM) where 128 rows would give 256
 // (1.9 per SM, and a worse balance between SMs with 2 and with 1).
+// kBlockN is per instantiation (FwdTraits::kBlockN): 64 unless PSA_FA2_FWD_BLOCK_N says otherwise.
 constexpr int kBlockM = 64;
-constexpr int kBlockN = 64;
 constexpr int kWarps = kBlockM / 16;
 constexpr int kThreads = kWarps * 32;
 
@@ -81,6 +84,19 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int s
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(src_bytes)
                : "memory");
+}
+// The same with kBytes = 16, 8 or 4 (dst and src aligned to kBytes, 0 <= src_bytes <= kBytes).
+// .cg (L2 only) exists for 16-byte copies alone; 8 and 4 bytes must use .ca.
+template <int kBytes>
+__device__ __forceinline__ void cp_async(uint32_t dst, const void* src, int src_bytes) {
+  static_assert(kBytes == 16 || kBytes == 8 || kBytes == 4, "cp.async sizes");
+  if constexpr (kBytes == 16) {
+    cp_async_16(dst, src, src_bytes);
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src),
+                 "n"(kBytes), "r"(src_bytes)
+                 : "memory");
+  }
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
@@ -164,60 +180,80 @@ struct SmemTile {
   }
 };
 
-// Copies tiles from global memory with cp.async. Global element (row, col) of a tile lives at
-// gtile + row * row_stride + col (unit stride along a tile row; flash_fwd_supported checked that
-// the pointers and row_stride keep every chunk 16-byte aligned). Thread tid copies chunk
-// tid % kChunks of rows tid / kChunks + i * kRowStep. Everything per thread is computed once, so
-// a K/V tile costs one 64-bit add and one shared address per chunk: keeping this state small is
-// what keeps the kernel under the register budget.
+// Copies tiles from global memory with cp.async of kVecBytes (16, 8 or 4) = kVecElems elements.
+// Global element (row, col) of a tile lives at gtile + row * row_stride + col (unit stride along
+// a tile row; flash_fwd_supported checked that the pointers and row_stride keep every vector
+// kVecBytes-aligned). Thread tid copies vector tid % kVecsPerRow of rows tid / kVecsPerRow +
+// i * kRowStep. Everything per thread is computed once, so a K/V tile costs one 64-bit add and
+// one shared address per vector: keeping this state small is what keeps the kernel under the
+// register budget.
+//
+// Vectors narrower than 16 bytes are the aligned pieces of one swizzled 16-byte chunk (the
+// swizzle permutes whole chunks), so the shared tile is the same for every kVecBytes.
 //
 // `valid` counts the tokens left from the tile start. Token-major tiles hold tokens along rows
-// (a row is all in or all out); channel-first tiles hold them along columns, where the last chunk
-// may be partial and cp.async zero-fills its tail. Out-of-range chunks read nothing (src-size 0)
-// and are pointed at gtile, which is always a valid address.
-template <class Tile, bool kTokensAlongCols>
+// (a row is all in or all out); channel-first tiles hold them along columns, where the last vector
+// may be partial and cp.async zero-fills its tail. Out-of-range vectors read nothing (src-size 0)
+// and are pointed at gtile, which is always a valid (and kVecBytes-aligned) address.
+template <class Tile, bool kTokensAlongCols, int kVecBytes = 16>
 struct TileCopier {
-  static constexpr int kPerThread = Tile::kNumRows * Tile::kChunks / kThreads;
-  static constexpr int kRowStep = kThreads / Tile::kChunks;
-  static_assert(Tile::kNumRows * Tile::kChunks % kThreads == 0 && kThreads % Tile::kChunks == 0,
-                "every thread copies the same number of chunks");
-  // The swizzle key of row + kRowStep equals that of row, so the shared address of a thread's
-  // i-th chunk is its first one plus a compile-time constant.
-  static_assert((kRowStep / Tile::kRowsPerLine) % (Tile::kKeyMask + 1) == 0, "swizzle period");
+  static_assert(kVecBytes == 16 || kVecBytes == 8 || kVecBytes == 4, "cp.async sizes");
+  static constexpr int kVecElems = kVecBytes / 2;
+  static constexpr int kVecsPerChunk = 16 / kVecBytes;
+  static constexpr int kVecsPerRow = Tile::kNumCols / kVecElems;
+  static constexpr int kPerThread = Tile::kNumRows * kVecsPerRow / kThreads;
+  static constexpr int kRowStep = kThreads / kVecsPerRow;
+  static_assert(Tile::kNumRows * kVecsPerRow % kThreads == 0 && kThreads % kVecsPerRow == 0,
+                "every thread copies the same number of vectors");
+  // The swizzle key repeats every kPeriod rows. When kRowStep is a multiple of it (always at
+  // 16 bytes), the shared address of a thread's i-th vector is its first one plus a compile-time
+  // constant; otherwise the thread keeps the kDistinct = kPeriod / kRowStep addresses of its
+  // first kDistinct vectors, and vector i is vector i % kDistinct plus a constant.
+  static constexpr int kPeriod = Tile::kRowsPerLine * (Tile::kKeyMask + 1);
+  static_assert(kRowStep % kPeriod == 0 || kPeriod % kRowStep == 0, "swizzle period");
+  static constexpr int kDistinct = kRowStep % kPeriod == 0 ? 1 : kPeriod / kRowStep;
+  static_assert(kPerThread % kDistinct == 0, "whole swizzle periods per thread");
+  static constexpr uint32_t kSmemStep = kDistinct * kRowStep * Tile::kNumCols * 2;  // bytes
 
-  int64_t goff;   // thread's first chunk, elements from the tile start
+  int64_t goff;   // thread's first vector, elements from the tile start
   int64_t gstep;  // kRowStep rows, elements
-  uint32_t soff;  // thread's first chunk, bytes from the shared tile start
+  uint32_t soff[kDistinct];  // thread's first kDistinct vectors, bytes from the shared tile start
   int row0;
   int col0;
 
   __device__ __forceinline__ TileCopier(int tid, int64_t row_stride) {
-    row0 = tid / Tile::kChunks;
-    const int chunk = tid % Tile::kChunks;
-    col0 = chunk * 8;
+    row0 = tid / kVecsPerRow;
+    const int vec = tid % kVecsPerRow;
+    const int chunk = vec / kVecsPerChunk;
+    col0 = vec * kVecElems;
     goff = row0 * row_stride + col0;
     gstep = kRowStep * row_stride;
-    soff = 2u * static_cast<uint32_t>(Tile::offset(row0, chunk));
+#pragma unroll
+    for (int d = 0; d < kDistinct; ++d) {
+      soff[d] = 2u * static_cast<uint32_t>(Tile::offset(row0 + d * kRowStep, chunk) +
+                                            (vec % kVecsPerChunk) * kVecElems);
+    }
   }
 
   __device__ __forceinline__ void copy(uint32_t stile, const uint16_t* gtile, int valid) const {
-    int cols_bytes = 16;
+    int cols_bytes = kVecBytes;
     if constexpr (kTokensAlongCols) {
       const int left = valid - col0;
-      cols_bytes = left >= 8 ? 16 : (left > 0 ? left * 2 : 0);
+      cols_bytes = left >= kVecElems ? kVecBytes : (left > 0 ? left * 2 : 0);
     }
     const uint16_t* src = gtile + goff;  // stepped: see TileScalarCopier::copy
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const int bytes = kTokensAlongCols ? cols_bytes : (row0 + i * kRowStep < valid ? 16 : 0);
-      cp_async_16(stile + soff + i * (kRowStep * Tile::kNumCols * 2), bytes > 0 ? src : gtile,
-                  bytes);
+      const int bytes =
+          kTokensAlongCols ? cols_bytes : (row0 + i * kRowStep < valid ? kVecBytes : 0);
+      cp_async<kVecBytes>(stile + soff[i % kDistinct] + (i / kDistinct) * kSmemStep,
+                          bytes > 0 ? src : gtile, bytes);
       src += gstep;
     }
   }
 };
 
-// Channel-first tiles whose rows are not 16-byte aligned (the PSA views when N % 8 != 0, where
+// Channel-first tiles whose rows are only 2-byte aligned (the PSA views at odd N, where
 // stride_d = N): cp.async needs 4-, 8- or 16-byte aligned sources, so the tile is loaded with
 // 2-byte loads and written to shared memory by the threads themselves. Consecutive threads take
 // consecutive tokens of a row, so each warp load is 64 contiguous bytes. The loads complete
@@ -276,13 +312,27 @@ struct TileScalarCopier {
 // ---------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------
-// kAligned: rows of every tile start 16-byte aligned (flash_fwd_supported decides). Only the
-// channel-first layout has an unaligned variant.
-template <DType kDtype, int kDk, int kDv, Layout kLayout, bool kAligned>
+// kVecBytes: the global-memory access width (16, 8, 4 or 2 bytes) that every tile row start
+// allows (flash_fwd_supported decides). Only the channel-first layout has the narrower variants.
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
 struct FwdTraits {
   static_assert(kDk % 16 == 0 && kDv % 16 == 0, "head dims must be multiples of 16");
   static constexpr bool kCF = kLayout == Layout::kChannelFirst;
-  static_assert(kAligned || kCF, "the unaligned variant is channel-first only");
+  static_assert(kVecBytes == 16 || kVecBytes == 8 || kVecBytes == 4 || kVecBytes == 2,
+                "access widths");
+  static_assert(kVecBytes == 16 || kCF, "the narrow variants are channel-first only");
+  // Keys per K/V tile. PSA_FA2_FWD_BLOCK_N=128 (an experiment, compile-time) doubles it for
+  // dv <= 64: half the barriers, row-max shuffles and O rescales per key, for 32 more S
+  // registers per thread and twice the K/V shared memory (52 KB per CTA at (32, 64)). Larger dv
+  // keeps 64 (S + O would not fit in registers). At (32, 64) it is spill-free only with
+  // -DPSA_FA2_FWD_MIN_BLOCKS=2 (188 registers on sm_90); at 3 CTAs per SM ptxas caps it at 168
+  // and spills on sm_90.
+#if defined(PSA_FA2_FWD_BLOCK_N)
+  static_assert(PSA_FA2_FWD_BLOCK_N == 64 || PSA_FA2_FWD_BLOCK_N == 128, "64 or 128");
+  static constexpr int kBlockN = kDv <= 64 ? PSA_FA2_FWD_BLOCK_N : 64;
+#else
+  static constexpr int kBlockN = 64;
+#endif
   // Tiles are stored with the unit-stride global dimension along the row, so each cp.async chunk
   // is 8 contiguous global elements: [token][d] token-major, [d][token] channel-first.
   using QTile = std::conditional_t<kCF, SmemTile<kDk, kBlockM>, SmemTile<kBlockM, kDk>>;
@@ -310,17 +360,18 @@ struct FwdTraits {
 #endif
 };
 
-template <DType kDtype, int kDk, int kDv, Layout kLayout, bool kAligned>
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
 __global__ void __launch_bounds__(kThreads,
-                                  FwdTraits<kDtype, kDk, kDv, kLayout, kAligned>::kMinBlocks)
+                                  FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>::kMinBlocks)
     flash_fwd_kernel(const FwdParams params, const float scale_log2) {
-  using Tr = FwdTraits<kDtype, kDk, kDv, kLayout, kAligned>;
+  using Tr = FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
   using QTile = typename Tr::QTile;
   using KTile = typename Tr::KTile;
   using VTile = typename Tr::VTile;
   using OTile = typename Tr::OTile;
   constexpr bool kCF = Tr::kCF;
   constexpr int kKSteps = kDk / 16;      // k16 steps of S = Q K^T
+  constexpr int kBlockN = Tr::kBlockN;   // keys per K/V tile
   constexpr int kSTiles = kBlockN / 8;   // n8 tiles of S per warp
   constexpr int kPVSteps = kBlockN / 16; // k16 steps of O += P V
   constexpr int kOTiles = kDv / 8;       // n8 tiles of O per warp
@@ -362,9 +413,17 @@ __global__ void __launch_bounds__(kThreads,
 
   const int n_tiles = (N + kBlockN - 1) / kBlockN;
 
-  using QCopier = std::conditional_t<kAligned, TileCopier<QTile, kCF>, TileScalarCopier<QTile>>;
-  using KCopier = std::conditional_t<kAligned, TileCopier<KTile, kCF>, TileScalarCopier<KTile>>;
-  using VCopier = std::conditional_t<kAligned, TileCopier<VTile, kCF>, TileScalarCopier<VTile>>;
+  // kVecBytes = 2 (odd N, channel-first) has no cp.async form: synchronous 2-byte loads.
+  // std::conditional_t instantiates both declarations, so the cp.async copier of the 2-byte
+  // variant is named with a placeholder width it never uses.
+  constexpr bool kAsync = kVecBytes >= 4;
+  constexpr int kCpBytes = kAsync ? kVecBytes : 16;
+  using QCopier = std::conditional_t<kAsync, TileCopier<QTile, kCF, kCpBytes>,
+                                     TileScalarCopier<QTile>>;
+  using KCopier = std::conditional_t<kAsync, TileCopier<KTile, kCF, kCpBytes>,
+                                     TileScalarCopier<KTile>>;
+  using VCopier = std::conditional_t<kAsync, TileCopier<VTile, kCF, kCpBytes>,
+                                     TileScalarCopier<VTile>>;
   const QCopier q_copier(tid, q_rs);
   const KCopier k_copier(tid, k_rs);
   const VCopier v_copier(tid, v_rs);
@@ -583,8 +642,8 @@ __global__ void __launch_bounds__(kThreads,
 
   uint16_t* out_head = static_cast<uint16_t*>(params.out.ptr) + b * params.out.stride_b +
                        h * params.out.stride_h;
-  if constexpr (!kAligned) {
-    // Unaligned channel-first: 2-byte stores, consecutive threads on consecutive tokens.
+  if constexpr (kVecBytes == 2) {
+    // Channel-first at odd N: 2-byte stores, consecutive threads on consecutive tokens.
     constexpr int kPerThread = OTile::kElems / kThreads;
     constexpr int kRowStep = kThreads / kBlockM;
     const int col = tid % kBlockM;
@@ -594,6 +653,44 @@ __global__ void __launch_bounds__(kThreads,
       for (int it = 0; it < kPerThread; ++it) {
         const int row = tid / kBlockM + it * kRowStep;  // d
         out_head[row * params.out.stride_d + n] = sO[OTile::offset(row, col / 8) + col % 8];
+      }
+    }
+  } else if constexpr (kVecBytes < 16) {
+    // Channel-first with rows aligned to kVecBytes (8 or 4) only: stores of that width, pieces
+    // of the swizzled 16-byte chunks of sO; a partial last piece is written element by element.
+    constexpr int kVecElems = kVecBytes / 2;
+    constexpr int kVecsPerChunk = 16 / kVecBytes;
+    constexpr int kVecsPerRow = OTile::kNumCols / kVecElems;
+    constexpr int kOutVecs = OTile::kNumRows * kVecsPerRow;
+    static_assert(kOutVecs % kThreads == 0, "every thread stores the same number of vectors");
+#pragma unroll
+    for (int it = 0; it < kOutVecs / kThreads; ++it) {
+      const int idx = tid + it * kThreads;
+      const int row = idx / kVecsPerRow;  // d
+      const int vec = idx % kVecsPerRow;  // kVecElems tokens
+      const uint16_t* sp =
+          sO + OTile::offset(row, vec / kVecsPerChunk) + (vec % kVecsPerChunk) * kVecElems;
+      const int n = m0 + vec * kVecElems;
+      const int left = N - n;
+      uint16_t* dst = out_head + row * params.out.stride_d + n;
+      if constexpr (kVecBytes == 8) {
+        const uint2 val = *reinterpret_cast<const uint2*>(sp);
+        if (left >= kVecElems) {
+          *reinterpret_cast<uint2*>(dst) = val;
+        } else if (left > 0) {
+          const uint32_t w[2] = {val.x, val.y};
+#pragma unroll
+          for (int x = 0; x < kVecElems; ++x) {
+            if (x < left) dst[x] = static_cast<uint16_t>(w[x / 2] >> (16 * (x % 2)));
+          }
+        }
+      } else {
+        const uint32_t val = *reinterpret_cast<const uint32_t*>(sp);
+        if (left >= kVecElems) {
+          *reinterpret_cast<uint32_t*>(dst) = val;
+        } else if (left > 0) {
+          dst[0] = static_cast<uint16_t>(val);
+        }
       }
     }
   } else {
@@ -632,14 +729,14 @@ __global__ void __launch_bounds__(kThreads,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Launcher (explicitly instantiated, one per generated flash_fwd_<dtype>_<dk>x<dv>_<layout>.cu)
+// Launcher (explicitly instantiated in the generated flash_fwd_<dtype>_<dk>x<dv>_<layout>.cu)
 // ---------------------------------------------------------------------------------------------
-template <DType kDtype, int kDk, int kDv, Layout kLayout, bool kAligned>
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
 void launch(const FwdParams& params, cudaStream_t stream) {
-  using Tr = FwdTraits<kDtype, kDk, kDv, kLayout, kAligned>;
+  using Tr = FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
   const int bh = params.batch * params.heads;
   if (params.seqlen <= 0 || bh <= 0) return;
-  auto kernel = flash_fwd_kernel<kDtype, kDk, kDv, kLayout, kAligned>;
+  auto kernel = flash_fwd_kernel<kDtype, kDk, kDv, kLayout, kVecBytes>;
   constexpr int smem = Tr::kSmemBytes;
   if constexpr (smem > 48 * 1024) {
     // Opt in to more than 48 KB of dynamic shared memory; per device, cheap, so done every call.
@@ -656,9 +753,9 @@ void launch(const FwdParams& params, cudaStream_t stream) {
 
 // Explicitly instantiated in the generated flash_fwd_*.cu files, declared in
 // flash_fwd_instances.h. The caller checks for launch errors (cudaGetLastError).
-template <DType kDtype, int kDk, int kDv, Layout kLayout, bool kAligned>
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
 void launch_flash_fwd(const FwdParams& params, cudaStream_t stream) {
-  flash_fwd_detail::launch<kDtype, kDk, kDv, kLayout, kAligned>(params, stream);
+  flash_fwd_detail::launch<kDtype, kDk, kDv, kLayout, kVecBytes>(params, stream);
 }
 
 }  // namespace psa_fa2
