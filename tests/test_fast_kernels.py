@@ -92,3 +92,15 @@ def test_fast_and_reference_agree_on_psa_shape(layout):
     fast, _ = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
     ref, _ = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "reference")
     assert rel_err(fast, ref) < 1e-2
+
+
+FP32_HEAD_DIMS = [(32, 64), (16, 16), (32, 32), (64, 64), (64, 128)]
+
+
+@pytest.mark.parametrize("N", FAST_SEQLENS)
+@pytest.mark.parametrize("dk,dv", FP32_HEAD_DIMS, ids=[f"{a}x{b}" for a, b in FP32_HEAD_DIMS])
+@layouts
+def test_forward_fast_fp32_exact(N, dk, dv, layout):
+    """fp32 at matmul precision "highest": the FFMA kernel, within 1e-5 of float64."""
+    assert torch.get_float32_matmul_precision() == "highest"
+    check_forward("cuda", "fast", N, dk, dv, torch.float32, layout)

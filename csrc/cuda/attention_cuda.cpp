@@ -17,7 +17,7 @@
 namespace psa_fa2 {
 
 std::vector<std::string> compiled_cuda_kernels() {
-  return {"reference_fwd", "reference_bwd", "flash_fwd", "flash_bwd"};
+  return {"reference_fwd", "reference_bwd", "flash_fwd", "flash_fwd_f32", "flash_bwd"};
 }
 
 namespace {
@@ -80,8 +80,10 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   p.allow_tf32 = fp32_matmul_allows_tf32();
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  if (use_fast(impl, flash_fwd_supported(p), s, q.scalar_type(), "forward")) {
-    flash_fwd(p, stream);
+  const bool fp32 = p.dtype == DType::kFloat32;
+  const bool fast_supported = fp32 ? flash_fwd_f32_supported(p) : flash_fwd_supported(p);
+  if (use_fast(impl, fast_supported, s, q.scalar_type(), "forward")) {
+    fp32 ? flash_fwd_f32(p, stream) : flash_fwd(p, stream);
   } else {
     reference_fwd(p, stream);
   }

@@ -94,7 +94,7 @@ def main():
 
     # Remove instantiations that are no longer listed, so setup.py's glob does not build them.
     keep = set(written)
-    pattern = re.compile(r"flash_fwd_[a-z0-9]+_\d+x\d+_[a-z]+\.cu")
+    pattern = re.compile(r"flash_fwd_(bf16|fp16)_\d+x\d+_[a-z]+\.cu")
     for stale in HERE.glob("flash_fwd_*.cu"):
         if pattern.fullmatch(stale.name) and stale.name not in keep:
             stale.unlink()

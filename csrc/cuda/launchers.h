@@ -19,6 +19,11 @@ void reference_bwd(const BwdParams& params, cudaStream_t stream);
 bool flash_fwd_supported(const FwdParams& params);
 void flash_fwd(const FwdParams& params, cudaStream_t stream);
 
+// Fast float32 forward (FlashAttention-2 tiling on FFMA, exact fp32 arithmetic); the same
+// contract as flash_fwd_supported / flash_fwd.
+bool flash_fwd_f32_supported(const FwdParams& params);
+void flash_fwd_f32(const FwdParams& params, cudaStream_t stream);
+
 // Fast tensor-core backward. flash_bwd_workspace_bytes tells how much scratch
 // (params.workspace) flash_bwd needs; the caller allocates it uninitialised.
 bool flash_bwd_supported(const BwdParams& params);

@@ -1,0 +1,576 @@
+// FlashAttention-2 forward for float32 inputs.
+//
+//   kTf32 = false (torch.get_float32_matmul_precision() == "highest"): exact fp32, FFMA (SIMT).
+//   kTf32 = true  (otherwise): planned, not written yet: S = Q K^T and O += P V on mma.sync m16n8k8
+//                 .tf32 (cvt.rna.tf32.f32 operands, fp32 accumulation). Until then the dispatch runs
+//                 the exact kernel for allow_tf32 too.
+//
+// One CTA = 8 warps computes kBlockM = 128 query rows of one (batch, head); warp w owns rows
+// [16w, 16w + 16) for the whole kernel, so the softmax row statistics and the P tile never leave
+// the warp (shuffles + a warp-private P buffer, no CTA barrier for them). K/V stream in kBlockN-token
+// tiles through two shared-memory stages filled with cp.async one tile ahead (one __syncthreads per
+// tile). Online softmax in base 2 (log2(e) folded into the scale), fp32 statistics, exp2f.
+//
+// Shared-memory tiles are stored in one canonical orientation whatever the global layout, every row
+// padded by kPad = 4 floats (keeps 16-byte alignment, and makes transposing 4-byte writes conflict
+// free, see TransposeCopier):
+//   Q  [dk][kBlockM]   K [dk][kBlockN]   V [kBlockN][dv]   P (per warp) [kBlockN][16]
+// A tile whose unit-stride global dimension is the smem row (channel-first Q/K, token-major V) is
+// copied with cp.async of kVecBytes = 16 or 4 (the dispatch picks it from the real alignment);
+// the others (token-major Q/K, channel-first V) are transposed on the fly with 4-byte cp.async.
+// Either way a tile is < 1% of the instructions of its arithmetic.
+//
+// FFMA micro-tiles (exact path): lane = 4 * tx + ty (tx = 0..7, ty = 0..3). A thread owns rows
+// 16w + 4ty + {0..3} and, of a width-W dimension (keys of S, channels of O), the W/8 columns
+// mcol(tx, j) = 32 (j / 4) + 4 tx + j % 4 (W >= 32) or 2 tx + j (W = 16). Per k step it loads one
+// float4 of Q (or P) and W/32 float4 of K (or V): each LDS.128 touches <= 128 distinct bytes.
+//
+// Only CUDA headers and attention_params.h are included. PSA_FA2_F32_EMULATE (never defined in the
+// build) compiles this file as plain C++ against a host shim, to check the index math on a CPU.
+#pragma once
+
+#ifndef PSA_FA2_F32_EMULATE
+#include <cuda_runtime.h>
+#endif
+
+#include <cstdint>
+#include <type_traits>
+
+#include "attention_params.h"
+
+namespace psa_fa2 {
+namespace flash_fwd_f32_detail {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRowsPerWarp = 16;
+constexpr int kBlockM = kWarps * kRowsPerWarp;  // 128
+constexpr int kPad = 4;                          // floats of padding per smem row
+constexpr int kPStride = kRowsPerWarp + kPad;    // 20: P rows, see store_p
+
+// Unroll factor of the k loops (a fully unrolled (32, 64) tile is ~3.5k instructions, more
+// than the instruction caches like); PSA_FA2_F32_UNROLL overrides it for experiments.
+// dv = 128 holds 64 accumulators per thread; ptxas allocates it without spills at 32 (4, 8 and
+// 16 spill a few registers).
+#ifndef PSA_FA2_F32_UNROLL
+template <int kDv>
+constexpr int kUnroll = kDv >= 128 ? 32 : 8;
+#else
+template <int kDv>
+constexpr int kUnroll = PSA_FA2_F32_UNROLL;
+#endif
+
+// ---------------------------------------------------------------------------------------------
+// Memory helpers
+// ---------------------------------------------------------------------------------------------
+__device__ __forceinline__ float4 lds128(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float2 lds64(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ void sts128(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+
+// 2^x for the softmax. exp2f compiles to the same MUFU.EX2 (max error ~2 ulp) wrapped in an input
+// and output rescale that keeps subnormal results (3 extra instructions per exp); here every
+// argument is s - max <= 0 and a row sum is >= 1, so a result below 2^-126 is 2^-102 of an ulp of
+// that sum, and flushing it (ex2.approx.ftz.f32) changes no output bit that matters. exp2f
+// semantics with PSA_FA2_F32_EXP2F=1. Both give 2^-inf = +0 and 2^NaN = NaN.
+__device__ __forceinline__ float fast_exp2(float x) {
+#if defined(PSA_FA2_F32_EMULATE) || (defined(PSA_FA2_F32_EXP2F) && PSA_FA2_F32_EXP2F)
+  return exp2f(x);
+#else
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+#endif
+}
+
+// kBytes (16 or 4) async copy global -> shared; bytes past src_bytes are zero-filled, so masked
+// tails read nothing from global memory. .cg (L2 only) exists for 16-byte copies alone.
+template <int kBytes>
+__device__ __forceinline__ void cp_async(float* dst, const float* src, int src_bytes) {
+  static_assert(kBytes == 16 || kBytes == 8 || kBytes == 4, "cp.async sizes");
+#ifdef PSA_FA2_F32_EMULATE
+  emu::cp_async(dst, src, kBytes, src_bytes);
+#else
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  if constexpr (kBytes == 16) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(src_bytes)
+                 : "memory");
+  } else {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src),
+                 "n"(kBytes), "r"(src_bytes)
+                 : "memory");
+  }
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#ifndef PSA_FA2_F32_EMULATE
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+#ifndef PSA_FA2_F32_EMULATE
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+#endif
+}
+
+// This CTA's (batch * heads + head) index. The epilogue re-reads it with opaque moves, so that
+// b and h are recomputed there rather than kept live (spilled) across the main loop.
+template <bool kOpaque>
+__device__ __forceinline__ int block_bh() {
+#ifdef PSA_FA2_F32_EMULATE
+  return blockIdx.y + blockIdx.z * gridDim.y;
+#else
+  if constexpr (kOpaque) {
+    uint32_t y, z, ny;
+    asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(y));
+    asm volatile("mov.u32 %0, %%ctaid.z;\n" : "=r"(z));
+    asm volatile("mov.u32 %0, %%nctaid.y;\n" : "=r"(ny));
+    return static_cast<int>(y + z * ny);
+  } else {
+    return blockIdx.y + blockIdx.z * gridDim.y;  // z only when B*H > 65535
+  }
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tile copiers. A tile is kRows x kCols floats in shared memory, row stride kCols + kPad.
+// `valid` = tokens left from the tile start; tokens run along the columns (Q, K) or the rows (V).
+// Out-of-range elements read nothing (src-size 0) and point at gtile, which is always valid.
+// ---------------------------------------------------------------------------------------------
+
+// Global element (r, c) at gtile + r * row_stride + c: vectors of kVecBytes along the row.
+template <int kRows, int kCols, int kVecBytes, bool kTokensAlongCols>
+struct DirectCopier {
+  static constexpr int kE = kVecBytes / 4;
+  static constexpr int kVecsPerRow = kCols / kE;
+  static constexpr int kRowStep = kThreads / kVecsPerRow;
+  static constexpr int kPerThread = kRows / kRowStep;
+  static constexpr int kStride = kCols + kPad;
+  static_assert(kCols % kE == 0 && kThreads % kVecsPerRow == 0 && kRows % kRowStep == 0,
+                "every thread copies the same number of vectors");
+
+  int64_t goff, gstep;
+  int soff, row0, col0;
+
+  __device__ __forceinline__ DirectCopier(int tid, int64_t row_stride) {
+    row0 = tid / kVecsPerRow;
+    col0 = (tid % kVecsPerRow) * kE;
+    goff = row0 * row_stride + col0;
+    gstep = kRowStep * row_stride;
+    soff = row0 * kStride + col0;
+  }
+
+  __device__ __forceinline__ void copy(float* stile, const float* gtile, int valid) const {
+    int cols_bytes = kVecBytes;
+    if constexpr (kTokensAlongCols) {
+      const int left = valid - col0;
+      cols_bytes = left >= kE ? kVecBytes : (left > 0 ? left * 4 : 0);
+    }
+    const float* src = gtile + goff;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int bytes =
+          kTokensAlongCols ? cols_bytes : (row0 + i * kRowStep < valid ? kVecBytes : 0);
+      cp_async<kVecBytes>(stile + soff + i * kRowStep * kStride, bytes > 0 ? src : gtile, bytes);
+      src += gstep;
+    }
+  }
+};
+
+// Global element (r, c) at gtile + r + c * col_stride (unit stride down a column): 4-byte copies,
+// a warp takes 8 consecutive rows (32 contiguous bytes) of 4 columns. Shared address
+// r * (kCols + 4) + c falls in bank 4r + c (mod 32) for kCols % 32 == 0 (and in 32 distinct banks
+// for kCols = 16), so the transposing writes are conflict free.
+template <int kRows, int kCols, bool kTokensAlongCols>
+struct TransposeCopier {
+  static constexpr int kWarpsC = (kCols / 4) < kWarps ? (kCols / 4) : kWarps;
+  static constexpr int kWarpsR = kWarps / kWarpsC;
+  static constexpr int kPassR = 8 * kWarpsR;
+  static constexpr int kPassC = 4 * kWarpsC;
+  static constexpr int kItR = kRows / kPassR;
+  static constexpr int kItC = kCols / kPassC;
+  static constexpr int kStride = kCols + kPad;
+  static_assert(kWarps % kWarpsC == 0 && kRows % kPassR == 0 && kCols % kPassC == 0,
+                "every thread copies the same number of elements");
+
+  int64_t goff, cstep;
+  int soff, row0, col0;
+
+  __device__ __forceinline__ TransposeCopier(int tid, int64_t col_stride) {
+    const int warp = tid / 32, lane = tid % 32;
+    row0 = (warp / kWarpsC) * 8 + lane % 8;
+    col0 = (warp % kWarpsC) * 4 + lane / 8;
+    goff = row0 + col0 * col_stride;
+    cstep = kPassC * col_stride;
+    soff = row0 * kStride + col0;
+  }
+
+  __device__ __forceinline__ void copy(float* stile, const float* gtile, int valid) const {
+    const float* src = gtile + goff;
+#pragma unroll
+    for (int c = 0; c < kItC; ++c) {
+      const bool col_ok = !kTokensAlongCols || col0 + c * kPassC < valid;
+#pragma unroll
+      for (int r = 0; r < kItR; ++r) {
+        const bool ok = col_ok && (kTokensAlongCols || row0 + r * kPassR < valid);
+        cp_async<4>(stile + soff + r * kPassR * kStride + c * kPassC, ok ? src + r * kPassR : gtile,
+                    ok ? 4 : 0);
+      }
+      src += cstep;
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// FFMA micro-tile columns (see the file comment)
+// ---------------------------------------------------------------------------------------------
+template <int kCount>
+__device__ __forceinline__ int mcol(int tx, int j) {
+  static_assert(kCount % 4 == 0 || kCount == 2, "micro-tile widths");
+  if constexpr (kCount >= 4) {
+    return (j / 4) * 32 + tx * 4 + (j % 4);
+  } else {
+    return tx * kCount + j;
+  }
+}
+template <int kCount>
+__device__ __forceinline__ void load_cols(float (&dst)[kCount], const float* row, int tx) {
+  if constexpr (kCount >= 4) {
+#pragma unroll
+    for (int q = 0; q < kCount / 4; ++q) {
+      const float4 v = lds128(row + q * 32 + tx * 4);
+      dst[4 * q] = v.x;
+      dst[4 * q + 1] = v.y;
+      dst[4 * q + 2] = v.z;
+      dst[4 * q + 3] = v.w;
+    }
+  } else {
+    const float2 v = lds64(row + tx * 2);
+    dst[0] = v.x;
+    dst[1] = v.y;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Traits
+// ---------------------------------------------------------------------------------------------
+template <int kDk, int kDv, Layout kLayout, int kVecBytes, bool kTf32>
+struct F32Traits {
+  static_assert(kDk % 8 == 0 && kDv % 16 == 0 && kDk >= 8, "head dims");
+  static_assert(kVecBytes == 16 || kVecBytes == 4, "access widths");
+  static constexpr bool kCF = kLayout == Layout::kChannelFirst;
+  // 64 keys per tile while the K/V stages stay small; 32 above dk + dv = 96, which keeps
+  // (64, 64) and (64, 128) at two CTAs per SM (and the S micro-tile at 16 registers).
+  static constexpr int kBlockN = (kDk + kDv <= 96) ? 64 : 32;
+  static constexpr int kTN = kBlockN / 8;  // S columns per thread (FFMA path)
+  static constexpr int kTV = kDv / 8;      // O columns per thread (FFMA path)
+
+  static constexpr int kQStride = kBlockM + kPad;
+  static constexpr int kKStride = kBlockN + kPad;
+  static constexpr int kVStride = kDv + kPad;
+  static constexpr int kQFloats = kDk * kQStride;
+  static constexpr int kKFloats = kDk * kKStride;
+  static constexpr int kVFloats = kBlockN * kVStride;
+  static constexpr int kPFloats = kBlockN * kPStride;  // per warp
+  static constexpr int kQOff = 0;
+  static constexpr int kKOff = kQOff + kQFloats;
+  static constexpr int kVOff = kKOff + 2 * kKFloats;
+  static constexpr int kPOff = kVOff + 2 * kVFloats;
+  static constexpr int kSmemBytes = (kPOff + kWarps * kPFloats) * 4;
+
+  using QCopier = std::conditional_t<kCF, DirectCopier<kDk, kBlockM, kVecBytes, true>,
+                                     TransposeCopier<kDk, kBlockM, true>>;
+  using KCopier = std::conditional_t<kCF, DirectCopier<kDk, kBlockN, kVecBytes, true>,
+                                     TransposeCopier<kDk, kBlockN, true>>;
+  using VCopier = std::conditional_t<kCF, TransposeCopier<kBlockN, kDv, false>,
+                                     DirectCopier<kBlockN, kDv, kVecBytes, false>>;
+  // 2 CTAs x 256 threads per SM (<= 128 registers); smem is <= 110 KB per CTA for every
+  // instantiated head-dim pair, so two fit in the 227 KB of sm_90 (one on sm_80's 164 KB).
+  static constexpr int kMinBlocks = 2;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The kernel
+// ---------------------------------------------------------------------------------------------
+template <int kDk, int kDv, Layout kLayout, int kVecBytes, bool kTf32>
+__global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBytes, kTf32>::kMinBlocks))
+    flash_fwd_f32_kernel(const __grid_constant__ FwdParams params, const float scale_log2) {
+  using Tr = F32Traits<kDk, kDv, kLayout, kVecBytes, kTf32>;
+  static_assert(!kTf32, "the TF32 path is not written yet (generate_flash_fwd_f32.py lists none)");
+  constexpr bool kCF = Tr::kCF;
+  constexpr int kBlockN = Tr::kBlockN;
+  constexpr int kTN = Tr::kTN;
+  constexpr int kTV = Tr::kTV;
+
+#ifdef PSA_FA2_F32_EMULATE
+  float* smem = emu::shared_floats();
+#else
+  extern __shared__ __align__(16) float smem[];
+#endif
+  float* const sQ = smem + Tr::kQOff;
+  float* const sK = smem + Tr::kKOff;
+  float* const sV = smem + Tr::kVOff;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+
+  const int N = params.seqlen;
+  const int bh = block_bh<false>();
+  if (bh >= params.batch * params.heads) return;
+  const int b = bh / params.heads;
+  const int h = bh % params.heads;
+  const int m0 = blockIdx.x * kBlockM;
+
+  auto head_ptr = [&](const Strided4& s) {
+    return static_cast<const float*>(s.ptr) + b * s.stride_b + h * s.stride_h;
+  };
+  const float* const q_head = head_ptr(params.q);
+  const float* const k_head = head_ptr(params.k);
+  const float* const v_head = head_ptr(params.v);
+  // Token n of a head: +n channel-first, +n * stride_n token-major. The copiers get the other stride.
+  const int64_t q_ts = kCF ? 1 : params.q.stride_n;
+  const int64_t k_ts = kCF ? 1 : params.k.stride_n;
+  const int64_t v_ts = kCF ? 1 : params.v.stride_n;
+  // Copier state is rebuilt where it is used (from the kernel parameters, which live in constant
+  // memory) rather than kept live across the main loop: registers are the tight resource.
+  auto q_copier = [&] { return typename Tr::QCopier(tid, kCF ? params.q.stride_d : params.q.stride_n); };
+  auto k_copier = [&] { return typename Tr::KCopier(tid, kCF ? params.k.stride_d : params.k.stride_n); };
+  auto v_copier = [&] { return typename Tr::VCopier(tid, kCF ? params.v.stride_d : params.v.stride_n); };
+
+  const int n_tiles = (N + kBlockN - 1) / kBlockN;
+
+  // Prologue: Q and K/V tile 0, one cp.async group.
+  q_copier().copy(sQ, q_head + m0 * q_ts, N - m0);
+  k_copier().copy(sK, k_head, N);
+  v_copier().copy(sV, v_head, N);
+  cp_async_commit();
+
+  // FFMA path state (the TF32 path is below).
+  const int tx = lane / 4;
+  const int ty = lane % 4;
+  float o[4][kTV];
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+#pragma unroll
+    for (int c = 0; c < kTV; ++c) o[i][c] = 0.f;
+  // Running max (log2 units, scale folded in) and this thread's partial row sums (reduced over
+  // the 8 tx lanes of a row once, at the end: all of them see the same max and rescale factors).
+  float row_max[4], row_sum[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    row_max[i] = -INFINITY;
+    row_sum[i] = 0.f;
+  }
+  const float* const sQw = sQ + warp * kRowsPerWarp + ty * 4;
+  float* const sPw = smem + Tr::kPOff + warp * Tr::kPFloats;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int stage = j & 1;
+    const int n0 = j * kBlockN;
+    // Tile j landed (the only group in flight); the barrier publishes it and tells that every
+    // warp is done with tile j - 1, whose stage is refilled next.
+    cp_async_wait_all();
+    __syncthreads();
+    if (j + 1 < n_tiles) {
+      const int n1 = n0 + kBlockN;
+      k_copier().copy(sK + (stage ^ 1) * Tr::kKFloats, k_head + n1 * k_ts, N - n1);
+      v_copier().copy(sV + (stage ^ 1) * Tr::kVFloats, v_head + n1 * v_ts, N - n1);
+    }
+    cp_async_commit();
+
+    // ---- S = Q K^T: 4 rows x kTN keys per thread ----
+    const float* sKs = sK + stage * Tr::kKFloats;
+    float s[4][kTN];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int c = 0; c < kTN; ++c) s[i][c] = 0.f;
+#pragma unroll kUnroll<kDv>
+    for (int k = 0; k < kDk; ++k) {
+      const float4 a = lds128(sQw + k * Tr::kQStride);
+      float kb[kTN];
+      load_cols<kTN>(kb, sKs + k * Tr::kKStride, tx);
+#pragma unroll
+      for (int c = 0; c < kTN; ++c) {
+        s[0][c] = fmaf(a.x, kb[c], s[0][c]);
+        s[1][c] = fmaf(a.y, kb[c], s[1][c]);
+        s[2][c] = fmaf(a.z, kb[c], s[2][c]);
+        s[3][c] = fmaf(a.w, kb[c], s[3][c]);
+      }
+    }
+
+    // ---- Keys past N (last tile only): -inf, weight 0 ----
+    if (n0 + kBlockN > N) {
+#pragma unroll
+      for (int c = 0; c < kTN; ++c) {
+        if (n0 + mcol<kTN>(tx, c) >= N) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[i][c] = -INFINITY;
+        }
+      }
+    }
+
+    // ---- Online softmax, base 2 ----
+    // Max on raw scores, scaled once (the dispatch requires scale >= 0); p = 2^(s * c - m).
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float mx = s[i][0];
+#pragma unroll
+      for (int c = 1; c < kTN; ++c) mx = fmaxf(mx, s[i][c]);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+      const float m_new = fmaxf(row_max[i], mx * scale_log2);
+      // All scores so far -inf: 0 as the reference (weights 0, not NaN); NaN scores still
+      // poison the row as in eager (fmaxf skips them, exp2f(NaN) = NaN).
+      const float m_ref = m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = fast_exp2(row_max[i] - m_ref);  // 0 on the first tile
+      row_max[i] = m_new;
+      const float neg_m = -m_ref;
+      float sum = 0.f;
+#pragma unroll
+      for (int c = 0; c < kTN; ++c) {
+        s[i][c] = fast_exp2(fmaf(s[i][c], scale_log2, neg_m));
+        sum += s[i][c];
+      }
+      row_sum[i] = fmaf(row_sum[i], alpha, sum);
+#pragma unroll
+      for (int c = 0; c < kTV; ++c) o[i][c] *= alpha;
+    }
+
+    // ---- P -> the warp's buffer, [key][row]: one float4 (4 rows) per key ----
+    // Lanes 8q..8q+7 (tx = 2q, 2q+1; ty = 0..3) write 2 keys 4 apart = 4 * kPStride = 80 floats
+    // = 16 banks apart: conflict free per quarter warp.
+#pragma unroll
+    for (int c = 0; c < kTN; ++c) {
+      sts128(sPw + mcol<kTN>(tx, c) * kPStride + ty * 4,
+             make_float4(s[0][c], s[1][c], s[2][c], s[3][c]));
+    }
+    __syncwarp();
+
+    // ---- O += P V: 4 rows x kTV channels per thread ----
+    const float* sVs = sV + stage * Tr::kVFloats;
+    const float* sPr = sPw + ty * 4;
+#pragma unroll kUnroll<kDv>
+    for (int kk = 0; kk < kBlockN; ++kk) {
+      const float4 p = lds128(sPr + kk * kPStride);
+      float vb[kTV];
+      load_cols<kTV>(vb, sVs + kk * Tr::kVStride, tx);
+#pragma unroll
+      for (int c = 0; c < kTV; ++c) {
+        o[0][c] = fmaf(p.x, vb[c], o[0][c]);
+        o[1][c] = fmaf(p.y, vb[c], o[1][c]);
+        o[2][c] = fmaf(p.z, vb[c], o[2][c]);
+        o[3][c] = fmaf(p.w, vb[c], o[3][c]);
+      }
+    }
+  }
+  cp_async_wait_all();  // only empty groups are left
+
+  // ---- Epilogue ----
+  const int bh_e = block_bh<true>();
+  const int b_e = bh_e / params.heads;
+  const int h_e = bh_e % params.heads;
+  float inv_l[4];
+  const int n_base = m0 + warp * kRowsPerWarp + ty * 4;  // rows n_base + i
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float l = row_sum[i];
+    l += __shfl_xor_sync(0xffffffffu, l, 4);
+    l += __shfl_xor_sync(0xffffffffu, l, 8);
+    l += __shfl_xor_sync(0xffffffffu, l, 16);
+    // l == 0 only for rows whose scores are all -inf: 0 * inf = NaN, as eager softmax gives.
+    inv_l[i] = 1.f / l;
+    const int n = n_base + i;
+    if (tx == 0 && n < N) {
+      // lse = ln(sum_j exp(scale * s_j)) = ln2 * (m + log2(l)), m in scaled log2 units.
+      static_cast<float*>(params.lse)[static_cast<int64_t>(bh_e) * N + n] =
+          (row_max[i] + log2f(l)) * 0.6931471805599453f;
+    }
+  }
+
+  float* const out_head =
+      static_cast<float*>(params.out.ptr) + b_e * params.out.stride_b + h_e * params.out.stride_h;
+  if constexpr (kCF) {
+    // out[c][n]: 4 consecutive tokens per channel; lanes of one channel cover 64 contiguous bytes.
+#pragma unroll
+    for (int c = 0; c < kTV; ++c) {
+      float* dst = out_head + mcol<kTV>(tx, c) * params.out.stride_d + n_base;
+      const float x0 = o[0][c] * inv_l[0], x1 = o[1][c] * inv_l[1];
+      const float x2 = o[2][c] * inv_l[2], x3 = o[3][c] * inv_l[3];
+      if (kVecBytes == 16 && n_base + 3 < N) {
+        *reinterpret_cast<float4*>(dst) = make_float4(x0, x1, x2, x3);
+      } else {
+        if (n_base < N) dst[0] = x0;
+        if (n_base + 1 < N) dst[1] = x1;
+        if (n_base + 2 < N) dst[2] = x2;
+        if (n_base + 3 < N) dst[3] = x3;
+      }
+    }
+  } else {
+    // out[n][c]: float4 of 4 consecutive channels; the 8 tx lanes cover 128 contiguous bytes.
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int n = n_base + i;
+      if (n >= N) continue;
+      float* dst = out_head + n * params.out.stride_n;
+      if constexpr (kTV >= 4) {
+#pragma unroll
+        for (int q = 0; q < kTV / 4; ++q) {
+          float* d = dst + mcol<kTV>(tx, 4 * q);
+          const float4 x = make_float4(o[i][4 * q] * inv_l[i], o[i][4 * q + 1] * inv_l[i],
+                                       o[i][4 * q + 2] * inv_l[i], o[i][4 * q + 3] * inv_l[i]);
+          if constexpr (kVecBytes == 16) {
+            *reinterpret_cast<float4*>(d) = x;
+          } else {
+            d[0] = x.x;
+            d[1] = x.y;
+            d[2] = x.z;
+            d[3] = x.w;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < kTV; ++c) dst[mcol<kTV>(tx, c)] = o[i][c] * inv_l[i];
+      }
+    }
+  }
+}
+
+#ifndef PSA_FA2_F32_EMULATE
+// ---------------------------------------------------------------------------------------------
+// Launcher (explicitly instantiated in the generated flash_fwd_f32_<dk>x<dv>_<layout>[_tf32].cu)
+// ---------------------------------------------------------------------------------------------
+template <int kDk, int kDv, Layout kLayout, int kVecBytes, bool kTf32>
+void launch(const FwdParams& params, cudaStream_t stream) {
+  using Tr = F32Traits<kDk, kDv, kLayout, kVecBytes, kTf32>;
+  const int bh = params.batch * params.heads;
+  if (params.seqlen <= 0 || bh <= 0) return;
+  auto kernel = flash_fwd_f32_kernel<kDk, kDv, kLayout, kVecBytes, kTf32>;
+  constexpr int smem = Tr::kSmemBytes;
+  if constexpr (smem > 48 * 1024) {
+    // Opt in to more than 48 KB of dynamic shared memory (per device; cheap, so every call).
+    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  }
+  constexpr int kMaxGridY = 65535;
+  const int grid_y = bh < kMaxGridY ? bh : kMaxGridY;
+  const dim3 grid((params.seqlen + kBlockM - 1) / kBlockM, grid_y, (bh + grid_y - 1) / grid_y);
+  const float scale_log2 = static_cast<float>(params.scale * 1.4426950408889634);
+  kernel<<<grid, kThreads, smem, stream>>>(params, scale_log2);
+}
+
+#endif  // PSA_FA2_F32_EMULATE
+
+}  // namespace flash_fwd_f32_detail
+
+#ifndef PSA_FA2_F32_EMULATE
+// Explicitly instantiated in the generated flash_fwd_f32_*.cu files, declared in
+// flash_fwd_f32_dispatch.cu. The caller checks for launch errors (cudaGetLastError).
+template <int kDk, int kDv, Layout kLayout, int kVecBytes, bool kTf32>
+void launch_flash_fwd_f32(const FwdParams& params, cudaStream_t stream) {
+  flash_fwd_f32_detail::launch<kDk, kDv, kLayout, kVecBytes, kTf32>(params, stream);
+}
+#endif
+
+}  // namespace psa_fa2
