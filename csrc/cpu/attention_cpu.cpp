@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../checks.h"
+#include "../make_params.h"
 
 namespace psa_fa2 {
 namespace {
@@ -222,13 +223,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
   at::Tensor lse = at::empty({s.batch, s.heads, s.seqlen},
                              q.options().dtype(accumulate_dtype(q.scalar_type())));
   if (out.numel() == 0) return {out, lse};
-  FwdParams p{};
-  p.q = strided(q);
-  p.k = strided(k);
-  p.v = strided(v);
-  p.out = strided(out);
-  p.lse = lse.data_ptr();
-  p.scale = scale;
+  const FwdParams p = make_fwd_params(s, q, k, v, out, lse, scale);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "psa_fa2_fwd_cpu", [&] {
     fwd_kernel<scalar_t, at::opmath_type<scalar_t>>(s, p);
   });
@@ -242,18 +237,7 @@ void bwd_cpu(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
   check_cpu_impl(parse_impl(impl));
   if (q.numel() == 0 || v.numel() == 0) return;
   at::Tensor delta = at::empty_like(lse);
-  BwdParams p{};
-  p.q = strided(q);
-  p.k = strided(k);
-  p.v = strided(v);
-  p.out = strided(out);
-  p.dout = strided(dout);
-  p.dq = strided(dq);
-  p.dk = strided(dk);
-  p.dv = strided(dv);
-  p.lse = lse.data_ptr();
-  p.delta = delta.data_ptr();
-  p.scale = scale;
+  const BwdParams p = make_bwd_params(s, dout, q, k, v, out, lse, delta, dq, dk, dv, scale);
   // Every task writes its own rows and sums in a fixed order: deterministic by construction.
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "psa_fa2_bwd_cpu", [&] {
     bwd_kernel<scalar_t, at::opmath_type<scalar_t>>(s, p);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../checks.h"
+#include "../make_params.h"
 #include "launchers.h"
 
 namespace psa_fa2 {
@@ -21,15 +22,6 @@ std::vector<std::string> compiled_cuda_kernels() {
 }
 
 namespace {
-
-DType to_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kDouble: return DType::kFloat64;
-    case at::kFloat: return DType::kFloat32;
-    case at::kBFloat16: return DType::kBFloat16;
-    default: return DType::kFloat16;  // check_fwd_inputs admitted nothing else
-  }
-}
 
 // PyTorch's matmul rule for fp32: TF32 tensor cores unless the precision is "highest".
 bool fp32_matmul_allows_tf32() { return at::globalContext().allowTF32CuBLAS(); }
@@ -63,20 +55,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
                              q.options().dtype(accumulate_dtype(q.scalar_type())));
   if (out.numel() == 0) return {out, lse};
 
-  FwdParams p{};
-  p.q = strided(q);
-  p.k = strided(k);
-  p.v = strided(v);
-  p.out = strided(out);
-  p.lse = lse.data_ptr();
-  p.batch = s.batch;
-  p.heads = s.heads;
-  p.seqlen = s.seqlen;
-  p.head_dim_qk = s.head_dim_qk;
-  p.head_dim_v = s.head_dim_v;
-  p.scale = scale;
-  p.dtype = to_dtype(q.scalar_type());
-  p.layout = s.layout;
+  FwdParams p = make_fwd_params(s, q, k, v, out, lse, scale);
   p.allow_tf32 = fp32_matmul_allows_tf32();
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
@@ -101,25 +80,7 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
   const c10::cuda::CUDAGuard guard(q.device());
   at::Tensor delta = at::empty_like(lse);
 
-  BwdParams p{};
-  p.q = strided(q);
-  p.k = strided(k);
-  p.v = strided(v);
-  p.out = strided(out);
-  p.dout = strided(dout);
-  p.dq = strided(dq);
-  p.dk = strided(dk);
-  p.dv = strided(dv);
-  p.lse = lse.data_ptr();
-  p.delta = delta.data_ptr();
-  p.batch = s.batch;
-  p.heads = s.heads;
-  p.seqlen = s.seqlen;
-  p.head_dim_qk = s.head_dim_qk;
-  p.head_dim_v = s.head_dim_v;
-  p.scale = scale;
-  p.dtype = to_dtype(q.scalar_type());
-  p.layout = s.layout;
+  BwdParams p = make_bwd_params(s, dout, q, k, v, out, lse, delta, dq, dk, dv, scale);
   p.allow_tf32 = fp32_matmul_allows_tf32();
   p.deterministic = deterministic || at::globalContext().deterministicAlgorithms();
 
