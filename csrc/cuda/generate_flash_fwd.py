@@ -11,7 +11,8 @@ The generated files are committed; rerun after editing HEAD_DIMS / DTYPES / LAYO
 """
 
 import pathlib
-import re
+
+from generator_util import remove_stale
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -93,12 +94,7 @@ def main():
     written.append("flash_fwd_instances.h")
 
     # Remove instantiations that are no longer listed, so setup.py's glob does not build them.
-    keep = set(written)
-    pattern = re.compile(r"flash_fwd_(bf16|fp16)_\d+x\d+_[a-z]+\.cu")
-    for stale in HERE.glob("flash_fwd_*.cu"):
-        if pattern.fullmatch(stale.name) and stale.name not in keep:
-            stale.unlink()
-            print("removed", stale.name)
+    remove_stale(HERE, r"flash_fwd_(bf16|fp16)_\d+x\d+_[a-z]+\.cu", set(written))
     print("wrote", len(written), "files")
 
 

@@ -10,7 +10,8 @@ The generated files are committed; rerun after editing HEAD_DIMS / LAYOUTS / VAR
 """
 
 import pathlib
-import re
+
+from generator_util import remove_stale
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -86,12 +87,7 @@ def main():
     written.append("flash_fwd_f32_instances.h")
 
     # Remove instantiations that are no longer listed, so setup.py's glob does not build them.
-    keep = set(written)
-    pattern = re.compile(r"flash_fwd_f32_\d+x\d+_[a-z]+(_tf32)?\.cu")
-    for stale in HERE.glob("flash_fwd_f32_*.cu"):
-        if pattern.fullmatch(stale.name) and stale.name not in keep:
-            stale.unlink()
-            print("removed", stale.name)
+    remove_stale(HERE, r"flash_fwd_f32_\d+x\d+_[a-z]+(_tf32)?\.cu", set(written))
     print("wrote", len(written), "files")
 
 
