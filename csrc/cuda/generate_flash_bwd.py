@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pathlib
 
+from generator_util import remove_stale
+
 # (dk, dv): (32, 64) is every shipped YOLO PSA / C2PSA block; the rest are the common
 # square heads and the attention-ratio-0.5 family.
 HEAD_DIMS = [(32, 64), (16, 16), (32, 32), (64, 64), (64, 128), (128, 128)]
@@ -80,9 +82,7 @@ def main() -> None:
                 entries.append(f"  X({dt}, {dk}, {dv}, {lay})")
     (HERE / "flash_bwd_instances.h").write_text(HEADER.format(entries=" \\\n".join(entries)))
     # Drop units of head dims no longer listed, so setup.py's glob does not pick them up.
-    for stale in HERE.glob("flash_bwd_*_*x*_*.cu"):
-        if stale.name not in written:
-            stale.unlink()
+    remove_stale(HERE, r"flash_bwd_(bf16|fp16)_\d+x\d+_[a-z]+\.cu", set(written))
     print(f"wrote {len(written)} units + flash_bwd_instances.h")
 
 
