@@ -210,7 +210,9 @@ def psa_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, *
         B, H, dk, N = q.shape
         return SplitQKVAttention.apply(base, B, H, dk, v.shape[2], N, scale, impl)
     qt, kt, vt = q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)
-    if _common_layout(qt, kt, vt) != "channel_first":
+    if _common_layout(qt, kt, vt) is None:
         qt, kt, vt = (t.contiguous().transpose(2, 3) for t in (q, k, v))
-    out = torch.ops.psa_fa2.fwd(qt, kt, vt, scale, impl)[0]
-    return out.transpose(2, 3)
+    out = torch.ops.psa_fa2.fwd(qt, kt, vt, scale, impl)[0].transpose(2, 3)
+    # Token-major views (of a channels_last conv output) give a token-major result: one copy
+    # of the output, [B, H, dv, N], moves fewer bytes than copying q, k and v first.
+    return out if out.is_contiguous() else out.contiguous()

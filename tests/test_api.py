@@ -199,3 +199,23 @@ def test_split_views_get_one_gradient_buffer(device):
     grads = torch.autograd.grad(out2, (qs, ks, vs), g)
     torch.testing.assert_close(out, out2, rtol=0, atol=0)
     torch.testing.assert_close(dx, torch.cat(grads, dim=2).view_as(dx))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_channels_last_qkv(device):
+    """A channels_last conv output gives token-major views: read in place, and the result
+    is still [B, H, dv, N] contiguous, with the eager block's values and gradients."""
+    B, H, dk, dv, h, w = 2, 2, 16, 32, 5, 7
+    x = torch.randn(B, H * (2 * dk + dv), h, w, dtype=torch.float64, device=device)
+    x = x.to(memory_format=torch.channels_last).requires_grad_()
+    q, k, v = x.view(B, H, 2 * dk + dv, h * w).split([dk, dk, dv], dim=2)
+    assert q.transpose(2, 3).stride(-1) == 1
+    out = psa_fa2_ext.psa_attention(q, k, v)
+    assert out.is_contiguous() and out.shape == (B, H, dv, h * w)
+    g = torch.randn_like(out)
+    (dx,) = torch.autograd.grad(out, x, g)
+    x64 = x.detach().requires_grad_()
+    ref = psa_attention_eager(*x64.view(B, H, 2 * dk + dv, h * w).split([dk, dk, dv], dim=2))
+    (dx64,) = torch.autograd.grad(ref, x64, g)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(dx, dx64)
