@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "../checks.h"
-#include "../make_params.h"
+#include "make_params.h"
 #include "launchers.h"
 
 namespace psa_fa2 {

@@ -1,11 +1,10 @@
-// Fills the kernels' params structs from validated tensors; shared by the CPU and CUDA
-// implementations so that both hand their kernels the same view of a call.
+// Fills the CUDA kernels' params structs from validated tensors (attention_cuda.cpp).
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include "checks.h"
-#include "cuda/attention_params.h"
+#include "../checks.h"
+#include "attention_params.h"
 
 namespace psa_fa2 {
 
