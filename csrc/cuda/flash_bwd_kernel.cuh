@@ -27,11 +27,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
 #include "attention_params.h"
+#include "launch_util.h"
 #include "flash_bwd_instances.h"
 
 namespace psa_fa2 {
@@ -861,21 +861,6 @@ inline size_t workspace_bytes(const BwdParams& p, BwdSchedule s) {
   return sizeof(float) * size_t(p.batch) * p.heads * n_pad * C::kDQK;
 }
 
-// Opting a kernel into more than 48 KB of dynamic shared memory is a driver call; at
-// N = 400 a whole backward takes tens of microseconds, so it is done once per kernel and
-// device instead of on every launch. The kernel is a template argument so that each kernel
-// (not each kernel signature) has its own flags.
-template <auto kKernel>
-inline void allow_dynamic_smem_once(size_t bytes) {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<bool> done[kMaxDevices];
-  int device = 0;
-  cudaGetDevice(&device);
-  if (device < kMaxDevices && done[device].load(std::memory_order_acquire)) return;
-  cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes));
-  if (device < kMaxDevices) done[device].store(true, std::memory_order_release);
-}
-
 template <class C>
 inline void launch(const BwdParams& p, BwdSchedule s, cudaStream_t stream) {
   const int bh = p.batch * p.heads, n = p.seqlen;
@@ -888,13 +873,13 @@ inline void launch(const BwdParams& p, BwdSchedule s, cudaStream_t stream) {
     float* ws = static_cast<float*>(p.workspace);
     bwd_preprocess_kernel<C><<<grid_rows, 256, 0, stream>>>(p, ws, n_pad);
     constexpr size_t smem = C::kSmemAtomic;
-    allow_dynamic_smem_once<bwd_atomic_dq_kernel<C>>(smem);
+    psa_fa2::allow_dynamic_smem_once<bwd_atomic_dq_kernel<C>>(smem);
     bwd_atomic_dq_kernel<C><<<grid_own, C::kThreads, smem, stream>>>(p, ws, n_pad, gran);
     bwd_convert_dq_kernel<C><<<grid_rows, 256, 0, stream>>>(p, ws, n_pad, gran);
   } else {
     bwd_preprocess_kernel<C><<<grid_rows, 256, 0, stream>>>(p, nullptr, n_pad);
     constexpr size_t smem = C::kSmemCombined;
-    allow_dynamic_smem_once<bwd_combined_kernel<C>>(smem);
+    psa_fa2::allow_dynamic_smem_once<bwd_combined_kernel<C>>(smem);
     bwd_combined_kernel<C><<<grid_own, C::kThreads, smem, stream>>>(p, gran);
   }
 }

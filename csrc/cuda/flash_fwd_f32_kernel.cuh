@@ -37,6 +37,7 @@
 #include <type_traits>
 
 #include "attention_params.h"
+#include "launch_util.h"
 
 namespace psa_fa2 {
 namespace flash_fwd_f32_detail {
@@ -547,12 +548,9 @@ void launch(const FwdParams& params, cudaStream_t stream) {
   using Tr = F32Traits<kDk, kDv, kLayout, kVecBytes, kTf32>;
   const int bh = params.batch * params.heads;
   if (params.seqlen <= 0 || bh <= 0) return;
-  auto kernel = flash_fwd_f32_kernel<kDk, kDv, kLayout, kVecBytes, kTf32>;
+  constexpr auto kernel = flash_fwd_f32_kernel<kDk, kDv, kLayout, kVecBytes, kTf32>;
   constexpr int smem = Tr::kSmemBytes;
-  if constexpr (smem > 48 * 1024) {
-    // Opt in to more than 48 KB of dynamic shared memory (per device; cheap, so every call).
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  }
+  if constexpr (smem > 48 * 1024) allow_dynamic_smem_once<kernel>(smem);
   constexpr int kMaxGridY = 65535;
   const int grid_y = bh < kMaxGridY ? bh : kMaxGridY;
   const dim3 grid((params.seqlen + kBlockM - 1) / kBlockM, grid_y, (bh + grid_y - 1) / grid_y);

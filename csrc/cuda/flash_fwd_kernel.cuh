@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "attention_params.h"
+#include "launch_util.h"
 
 namespace psa_fa2 {
 namespace flash_fwd_detail {
@@ -736,12 +737,9 @@ void launch(const FwdParams& params, cudaStream_t stream) {
   using Tr = FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
   const int bh = params.batch * params.heads;
   if (params.seqlen <= 0 || bh <= 0) return;
-  auto kernel = flash_fwd_kernel<kDtype, kDk, kDv, kLayout, kVecBytes>;
+  constexpr auto kernel = flash_fwd_kernel<kDtype, kDk, kDv, kLayout, kVecBytes>;
   constexpr int smem = Tr::kSmemBytes;
-  if constexpr (smem > 48 * 1024) {
-    // Opt in to more than 48 KB of dynamic shared memory; per device, cheap, so done every call.
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  }
+  if constexpr (smem > 48 * 1024) allow_dynamic_smem_once<kernel>(smem);
   constexpr int kMaxGridY = 65535;
   const int grid_y = bh < kMaxGridY ? bh : kMaxGridY;
   const dim3 grid((params.seqlen + kBlockM - 1) / kBlockM, grid_y, (bh + grid_y - 1) / grid_y);
