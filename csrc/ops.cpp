@@ -1,6 +1,7 @@
 // Operator schemas (defined once) and the compiled module's build facts.
 // Kernels register themselves per dispatch key beside their code:
-// cpu/attention_cpu.cpp (CPU) and cuda/attention_cuda.cpp (CUDA).
+// cpu/attention_cpu.cpp (CPU), cuda/attention_cuda.cpp (CUDA), and psa_attention.cpp
+// (psa_attention's autograd, device-agnostic).
 #include <Python.h>
 #include <torch/library.h>
 
@@ -38,6 +39,9 @@ TORCH_LIBRARY(psa_fa2, m) {
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float scale, "
       "Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, str impl=\"auto\", "
       "bool deterministic=False) -> ()");
+  // The Ultralytics block's attention on its channel-first views: q, k [B, H, dk, N],
+  // v [B, H, dv, N] -> [B, H, dv, N] contiguous. Differentiable (psa_attention.cpp).
+  m.def("psa_attention(Tensor q, Tensor k, Tensor v, float scale, str impl=\"auto\") -> Tensor");
 }
 
 namespace {

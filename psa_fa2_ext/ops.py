@@ -10,7 +10,6 @@ import torch
 from torch import Tensor
 
 from . import _C  # noqa: F401  (importing it registers torch.ops.psa_fa2)
-from .fused_qkv import SplitQKVAttention, split_base
 
 __all__ = ["fwd", "bwd", "attention", "psa_attention"]
 
@@ -133,16 +132,20 @@ torch.library.register_autograd("psa_fa2::fwd", _fwd_backward, setup_context=_fw
 def _register_autocast(device_type: str, dispatch_key: str) -> None:
     key = getattr(torch._C.DispatchKey, dispatch_key)
 
-    def fwd_autocast(q, k, v, scale, impl="auto"):
+    def cast(t):
         dtype = torch.get_autocast_dtype(device_type)
+        return t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t
 
-        def cast(t):
-            return t.to(dtype) if t.is_floating_point() and t.dtype != torch.float64 else t
-
+    def fwd_autocast(q, k, v, scale, impl="auto"):
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
             return torch.ops.psa_fa2.fwd(cast(q), cast(k), cast(v), scale, impl)
 
+    def psa_attention_autocast(q, k, v, scale, impl="auto"):
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            return torch.ops.psa_fa2.psa_attention(cast(q), cast(k), cast(v), scale, impl)
+
     _autocast_lib.impl("fwd", fwd_autocast, dispatch_key)
+    _autocast_lib.impl("psa_attention", psa_attention_autocast, dispatch_key)
 
 
 _autocast_lib = torch.library.Library("psa_fa2", "IMPL")
@@ -188,7 +191,7 @@ def psa_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, *
                   impl: str = "auto") -> Tensor:
     """Channel-first attention: exactly the Ultralytics ``Attention`` block's math.
 
-    Computes ``v @ softmax(scale * q^T @ k)^T`` for
+    Computes ``v @ softmax(scale * q^T @ k)^T``.
 
     Args:
         q, k: ``[B, H, dk, N]``; v: ``[B, H, dv, N]``, e.g. the views of
@@ -205,14 +208,12 @@ def psa_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, *
                           (v, "v", "[B, H, dv, N]")):
         _check_rank(t, name, dims)
     scale = _default_scale(scale, q.shape[2])
-    base = None if torch.compiler.is_compiling() else split_base(q, k, v)
-    if base is not None and torch.is_grad_enabled() and base.requires_grad:
-        B, H, dk, N = q.shape
-        return SplitQKVAttention.apply(base, B, H, dk, v.shape[2], N, scale, impl)
+    if not torch.compiler.is_compiling():
+        # One call into C++ (psa_attention.cpp): the autograd node, the layout handling and,
+        # on the split views of one tensor, the single gradient buffer all live there.
+        return torch.ops.psa_fa2.psa_attention.default(q, k, v, scale, impl)
+    # Traced: the fwd op, whose fake kernel and Python autograd torch.compile can follow.
     qt, kt, vt = q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)
     if _common_layout(qt, kt, vt) is None:
         qt, kt, vt = (t.contiguous().transpose(2, 3) for t in (q, k, v))
-    out = torch.ops.psa_fa2.fwd(qt, kt, vt, scale, impl)[0].transpose(2, 3)
-    # Token-major views (of a channels_last conv output) give a token-major result: one copy
-    # of the output, [B, H, dv, N], moves fewer bytes than copying q, k and v first.
-    return out if out.is_contiguous() else out.contiguous()
+    return torch.ops.psa_fa2.fwd(qt, kt, vt, scale, impl)[0].transpose(2, 3).contiguous()

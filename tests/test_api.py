@@ -189,13 +189,13 @@ def test_split_views_get_one_gradient_buffer(device):
     x = torch.randn(B, H * (2 * dk + dv), N, dtype=torch.float64, device=device, requires_grad=True)
     q, k, v = x.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2)
     out = psa_fa2_ext.psa_attention(q, k, v)
-    assert type(out.grad_fn).__name__ == "SplitQKVAttentionBackward"
+    assert "SplitQKV" in out.grad_fn.name()
     g = torch.randn_like(out)
     (dx,) = torch.autograd.grad(out, x, g)
 
     qs, ks, vs = (t.detach().clone().requires_grad_() for t in (q, k, v))
     out2 = psa_fa2_ext.psa_attention(qs, ks, vs)
-    assert type(out2.grad_fn).__name__ != "SplitQKVAttentionBackward"
+    assert "SeparateQKV" in out2.grad_fn.name()
     grads = torch.autograd.grad(out2, (qs, ks, vs), g)
     torch.testing.assert_close(out, out2, rtol=0, atol=0)
     torch.testing.assert_close(dx, torch.cat(grads, dim=2).view_as(dx))
@@ -219,3 +219,48 @@ def test_channels_last_qkv(device):
     (dx64,) = torch.autograd.grad(ref, x64, g)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(dx, dx64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("split", [True, False], ids=["split_views", "separate"])
+def test_psa_attention_output_used_like_any_op_output(device, split):
+    """The result takes further ops and back-propagates like an eager result; modifying it
+    in place before the backward (which reads it) is an error, as for SDPA, not a silently
+    wrong gradient."""
+    B, H, dk, dv, N = 2, 2, 8, 16, 21
+    x = torch.randn(B, H * (2 * dk + dv), N, dtype=torch.float64, device=device, requires_grad=True)
+    views = x.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2)
+    inputs = views if split else [t.detach().clone().requires_grad_() for t in views]
+    out = psa_fa2_ext.psa_attention(*inputs)
+    (out.view(B, H * dv, N) * 3.0).sum().backward()
+    x64 = x.detach().requires_grad_()
+    ref = psa_attention_eager(*x64.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2)) * 3.0
+    ref.sum().backward()
+    got = x.grad if split else torch.cat([t.grad for t in inputs], dim=2).view_as(x)
+    torch.testing.assert_close(got, x64.grad)
+
+    out = psa_fa2_ext.psa_attention(*inputs)
+    out.mul_(3.0)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_psa_attention_gradient_of_some_inputs(device):
+    """Only v requires grad: q and k get none, v's gradient is the eager one."""
+    q, k = (torch.randn(1, 2, 8, 19, dtype=torch.float64, device=device) for _ in range(2))
+    v = torch.randn(1, 2, 12, 19, dtype=torch.float64, device=device, requires_grad=True)
+    g = torch.randn(1, 2, 12, 19, dtype=torch.float64, device=device)
+    (dv,) = torch.autograd.grad(psa_fa2_ext.psa_attention(q, k, v), v, g)
+    v64 = v.detach().requires_grad_()
+    (dv64,) = torch.autograd.grad(psa_attention_eager(q, k, v64), v64, g)
+    torch.testing.assert_close(dv, dv64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_psa_attention_in_inference_mode(device):
+    q, k, v = (torch.randn(2, 2, d, 30, device=device) for d in (16, 16, 32))
+    with torch.inference_mode():
+        out = psa_fa2_ext.psa_attention(q, k, v)
+    assert out.is_contiguous() and not out.requires_grad
+    torch.testing.assert_close(out, psa_attention_eager(q, k, v), rtol=1e-4, atol=1e-5)

@@ -25,6 +25,8 @@ def test_wrong_rank(device):
         fwd(q[0], k, v)
     with pytest.raises(ValueError, match=r"v must be a 4-d tensor \[B, H, dv, N\], got 5-d"):
         psa_fa2_ext.psa_attention(q, k, v[None])
+    with pytest.raises(RuntimeError, match=r"k must be a 4-d tensor \[B, H, dk, N\], got 3-d"):
+        torch.ops.psa_fa2.psa_attention(q, k[0], v, 0.5)
 
 
 @pytest.mark.parametrize("device", DEVICES)

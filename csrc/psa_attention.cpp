@@ -1,0 +1,235 @@
+// torch.ops.psa_fa2.psa_attention: the Ultralytics block's channel-first attention,
+// differentiable, with its autograd in C++.
+//
+// A training step at the shipped YOLO shapes runs kernels of tens of microseconds, so the
+// host's per-call cost is the step's cost. Keeping the autograd node, the layout handling
+// and the gradient buffers in C++ leaves one dispatcher call from Python per step and one
+// C++ node in the backward graph.
+//
+// When q, k and v are exactly the split views of one contiguous tensor (the block's
+// `qkv.view(B, H, 2*dk + dv, N).split(...)`), the node is attached to that tensor and the
+// backward writes its gradient in one buffer: no per-view gradients for autograd to cat.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "checks.h"
+
+namespace psa_fa2 {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::tuple<at::Tensor, at::Tensor> call_fwd(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& v, double scale,
+                                            const std::string& impl) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("psa_fa2::fwd", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&, double, c10::string_view)>();
+  return op.call(q, k, v, scale, impl);
+}
+
+void call_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+              const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, double scale,
+              at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const std::string& impl) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("psa_fa2::bwd", "")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      const at::Tensor&, const at::Tensor&, double, at::Tensor&, at::Tensor&,
+                      at::Tensor&, c10::string_view, bool)>();
+  op.call(dout, q, k, v, out, lse, scale, dq, dk, dv, impl,
+          at::globalContext().deterministicAlgorithms());
+}
+
+// [B, H, D, N] (the block's view) as the operators' logical [B, H, N, D].
+at::Tensor tokens_by_dims(const at::Tensor& t) { return t.transpose(2, 3); }
+
+// `t` ([B, H, N, D]) in `layout`, copied only when it is not.
+at::Tensor in_layout(const at::Tensor& t, Layout layout) {
+  if (layout == Layout::kTokenMajor) return is_token_major(t) ? t : t.contiguous();
+  return is_channel_first(t) ? t : t.transpose(2, 3).contiguous().transpose(2, 3);
+}
+
+at::Tensor zeros_in_layout(const at::Tensor& like, Layout layout) {
+  const int64_t B = like.size(0), H = like.size(1), N = like.size(2), D = like.size(3);
+  if (layout == Layout::kTokenMajor) return at::zeros({B, H, N, D}, like.options());
+  return at::zeros({B, H, D, N}, like.options()).transpose(2, 3);
+}
+
+Layout layout_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (is_token_major(q) && is_token_major(k) && is_token_major(v)) return Layout::kTokenMajor;
+  return Layout::kChannelFirst;
+}
+
+// The attention result as the block wants it: [B, H, dv, N], contiguous, so that
+// `.view(B, H * dv, h, w)` is free. A channel-first `out` is that already; a token-major
+// one (channels_last inputs) is copied once. Detached from out's view chain, so autograd
+// treats it as the op's own output; it still shares out's version counter, so modifying
+// it in place before the backward (which reads out) is reported, as for SDPA.
+at::Tensor block_output(const at::Tensor& out) {
+  return tokens_by_dims(out).contiguous().detach();
+}
+
+struct Inputs {
+  at::Tensor q, k, v;  // [B, H, N, D], one layout
+  Layout layout;
+};
+
+// q, k, v ([B, H, D, N]) as [B, H, N, D] views in one layout; copies only when the three
+// share none.
+Inputs operator_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  Inputs in{tokens_by_dims(q), tokens_by_dims(k), tokens_by_dims(v), Layout::kChannelFirst};
+  const bool token_major = is_token_major(in.q) && is_token_major(in.k) && is_token_major(in.v);
+  const bool channel_first =
+      is_channel_first(in.q) && is_channel_first(in.k) && is_channel_first(in.v);
+  if (token_major) {
+    in.layout = Layout::kTokenMajor;
+  } else if (!channel_first) {
+    in.q = in_layout(in.q, Layout::kChannelFirst);
+    in.k = in_layout(in.k, Layout::kChannelFirst);
+    in.v = in_layout(in.v, Layout::kChannelFirst);
+  }
+  return in;
+}
+
+void check_block_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  check_rank4(q, "q", "[B, H, dk, N]");
+  check_rank4(k, "k", "[B, H, dk, N]");
+  check_rank4(v, "v", "[B, H, dv, N]");
+}
+
+// q, k, v of any layout, each differentiable on its own.
+struct SeparateQKV : public torch::autograd::Function<SeparateQKV> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, double scale, const std::string& impl) {
+    const Inputs in = operator_inputs(q, k, v);
+    auto [out, lse] = call_fwd(in.q, in.k, in.v, scale, impl);
+    ctx->save_for_backward({in.q, in.k, in.v, out, lse});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["impl"] = impl;
+    return block_output(out);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const Layout layout = layout_of(q, k, v);
+    const at::Tensor dout = in_layout(tokens_by_dims(grads[0]), layout);
+    at::Tensor dq = zeros_in_layout(q, layout), dk = zeros_in_layout(k, layout);
+    at::Tensor dv = layout == Layout::kTokenMajor
+                        ? at::empty(v.sizes(), v.options())
+                        : at::empty({v.size(0), v.size(1), v.size(3), v.size(2)}, v.options())
+                              .transpose(2, 3);
+    call_bwd(dout, q, k, v, out, lse, ctx->saved_data["scale"].toDouble(), dq, dk, dv,
+             ctx->saved_data["impl"].toStringRef());
+    return {tokens_by_dims(dq), tokens_by_dims(dk), tokens_by_dims(dv), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct SplitDims {
+  int64_t B, H, dk, dv, N;
+  int64_t channels() const { return 2 * dk + dv; }
+};
+
+// [B, H, N, D] views of q, k and v inside `base` ([B, H*(2dk+dv), ...] contiguous).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> split_views(const at::Tensor& base,
+                                                           const SplitDims& d) {
+  const at::Tensor b = base.view({d.B, d.H, d.channels(), d.N});
+  return {tokens_by_dims(b.narrow(2, 0, d.dk)), tokens_by_dims(b.narrow(2, d.dk, d.dk)),
+          tokens_by_dims(b.narrow(2, 2 * d.dk, d.dv))};
+}
+
+// psa_attention on the split views of `base`, differentiable in `base` itself.
+struct SplitQKV : public torch::autograd::Function<SplitQKV> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& base, SplitDims d, double scale,
+                            const std::string& impl) {
+    auto [q, k, v] = split_views(base, d);
+    auto [out, lse] = call_fwd(q, k, v, scale, impl);
+    ctx->save_for_backward({base, out, lse});
+    ctx->saved_data["dims"] = std::vector<int64_t>{d.B, d.H, d.dk, d.dv, d.N};
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["impl"] = impl;
+    return block_output(out);
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &base = saved[0], &out = saved[1], &lse = saved[2];
+    const auto dims = ctx->saved_data["dims"].toIntVector();
+    const SplitDims d{dims[0], dims[1], dims[2], dims[3], dims[4]};
+    auto [q, k, v] = split_views(base, d);
+    // dq and dk are accumulated into; one contiguous memset of the whole buffer (dv is
+    // overwritten anyway) is cheaper than a strided fill of the dq / dk part.
+    at::Tensor d_base = at::zeros(base.sizes(), base.options());
+    auto [dq, dk, dv] = split_views(d_base, d);
+    const at::Tensor dout = in_layout(tokens_by_dims(grads[0]), Layout::kChannelFirst);
+    call_bwd(dout, q, k, v, out, lse, ctx->saved_data["scale"].toDouble(), dq, dk, dv,
+             ctx->saved_data["impl"].toStringRef());
+    return {d_base, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The tensor q, k and v ([B, H, D, N]) were split from, when they are exactly
+// `base.view(B, H, 2*dk + dv, N).split([dk, dk, dv], dim=2)` of a contiguous base.
+std::optional<SplitDims> split_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (!q.is_view() || !k.is_view() || !v.is_view()) return std::nullopt;
+  const at::Tensor base(q._base());
+  if (!k._base().is_same(base) || !v._base().is_same(base) || !base.is_contiguous())
+    return std::nullopt;
+  if (base.requires_grad() != (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+    return std::nullopt;
+  const SplitDims d{q.size(0), q.size(1), q.size(2), v.size(2), q.size(3)};
+  const int64_t C = d.channels();
+  if (k.sizes() != q.sizes() || v.size(0) != d.B || v.size(1) != d.H || v.size(3) != d.N ||
+      base.numel() != d.B * d.H * C * d.N)
+    return std::nullopt;
+  const std::vector<int64_t> view_strides{d.H * C * d.N, C * d.N, d.N, 1};
+  if (q.strides() != at::IntArrayRef(view_strides) || k.strides() != at::IntArrayRef(view_strides) ||
+      v.strides() != at::IntArrayRef(view_strides))
+    return std::nullopt;
+  const int64_t offset = base.storage_offset();
+  if (q.storage_offset() != offset || k.storage_offset() != offset + d.dk * d.N ||
+      v.storage_offset() != offset + 2 * d.dk * d.N)
+    return std::nullopt;
+  return d;
+}
+
+at::Tensor psa_attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  double scale, c10::string_view impl) {
+  check_block_inputs(q, k, v);
+  const std::string impl_name(impl);
+  if (at::GradMode::is_enabled()) {
+    if (const auto split = split_of(q, k, v); split && q._base().requires_grad())
+      return SplitQKV::apply(at::Tensor(q._base()), *split, scale, impl_name);
+  }
+  return SeparateQKV::apply(q, k, v, scale, impl_name);
+}
+
+// Below autograd (inference mode, or a caller that already handles gradients).
+at::Tensor psa_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 double scale, c10::string_view impl) {
+  check_block_inputs(q, k, v);
+  const Inputs in = operator_inputs(q, k, v);
+  return block_output(std::get<0>(call_fwd(in.q, in.k, in.v, scale, std::string(impl))));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(psa_fa2, Autograd, m) { m.impl("psa_attention", &psa_attention_autograd); }
+
+TORCH_LIBRARY_IMPL(psa_fa2, CompositeExplicitAutograd, m) {
+  m.impl("psa_attention", &psa_attention_forward);
+}
+
+}  // namespace psa_fa2
