@@ -54,13 +54,22 @@ def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 _HALF_FLOOR = 1e-6
 
 
-def assert_close_to_reference(name, ours, ref64, eager_same_precision, dtype):
+# TF32 keeps 10 mantissa bits: one rounding of a result is up to 2^-11 of it. The floor of
+# the TF32 rule, for shapes where cuBLAS runs a matmul without TF32 and the eager error says
+# nothing about TF32.
+TF32_UNIT_ROUNDOFF = 2.0 ** -11
+
+
+def assert_close_to_reference(name, ours, ref64, eager_same_precision, dtype, tf32=False):
     """Passes when ours is within the dtype's tolerance of the float64 reference:
     fp64 1e-10, fp32 1e-5 relative, bf16 / fp16 at most 2x the error of the same math run
-    eagerly in that precision."""
+    eagerly in that precision; fp32 with tf32=True (matmul precision "high"), at most 2x
+    the error of the eager math on cuBLAS's TF32 matmuls, or of one TF32 rounding."""
     err = rel_err(ours, ref64)
     if dtype == torch.float64:
         tol = 1e-10
+    elif dtype == torch.float32 and tf32:
+        tol = 2 * max(rel_err(eager_same_precision, ref64), TF32_UNIT_ROUNDOFF)
     elif dtype == torch.float32:
         tol = 1e-5
     else:

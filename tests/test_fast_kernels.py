@@ -1,11 +1,13 @@
-"""The tensor-core kernels (impl="fast") against the float64 reference on the GPU: every
-fast (dk, dv), both layouts, bf16 / fp16, odd N; determinism; 64-bit offsets."""
+"""The fast kernels (impl="fast") against the float64 reference on the GPU: every fast
+(dk, dv), both layouts, bf16 / fp16 and fp32 (exact and TF32), odd N; determinism; 64-bit
+offsets."""
 import pytest
 import torch
 
 import psa_fa2_ext
-from helpers import (LAYOUTS, assert_close_to_reference, forward_reference, make_qkv,
-                     rel_err, requires_cuda)
+from helpers import (LAYOUTS, assert_close_to_reference, batch_heads, forward_reference,
+                     make_qkv, poison_cuda_allocator, rel_err, requires_cuda)
+from psa_fa2_ext.reference import lse_eager
 from test_attention import check_backward, check_forward
 
 pytestmark = requires_cuda
@@ -104,3 +106,47 @@ def test_forward_fast_fp32_exact(N, dk, dv, layout):
     """fp32 at matmul precision "highest": the FFMA kernel, within 1e-5 of float64."""
     assert torch.get_float32_matmul_precision() == "highest"
     check_forward("cuda", "fast", N, dk, dv, torch.float32, layout)
+
+
+@pytest.fixture
+def tf32_matmuls():
+    """torch.set_float32_matmul_precision("high") for one test: cuBLAS and our fp32 forward
+    may use TF32 tensor cores."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    yield
+    torch.set_float32_matmul_precision(previous)
+
+
+@pytest.mark.parametrize("N", FAST_SEQLENS)
+@pytest.mark.parametrize("dk,dv", FP32_HEAD_DIMS, ids=[f"{a}x{b}" for a, b in FP32_HEAD_DIMS])
+@layouts
+def test_forward_fast_tf32(N, dk, dv, layout, tf32_matmuls):
+    """fp32 at "high": the TF32 kernel, within 2x the error of the eager math on cuBLAS TF32
+    matmuls (computed here, under the same setting), for out and lse."""
+    B, H = batch_heads(N)
+    _, q, k, v = make_qkv(B, H, N, dk, dv, torch.float32, "cuda", layout)
+    scale = dk ** -0.5
+    poison_cuda_allocator(4 * B * H * N * (dv + 1) * 8, "cuda")
+    out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
+    ref64, eager = forward_reference(q, k, v, scale)
+    assert_close_to_reference("out", out, ref64, eager, torch.float32, tf32=True)
+    lse64 = lse_eager(q.double(), k.double(), scale)
+    assert_close_to_reference("lse", lse, lse64, lse_eager(q, k, scale), torch.float32, tf32=True)
+
+
+@layouts
+def test_fp32_precision_setting_picks_the_kernel(layout):
+    """"highest" runs the exact kernel (1e-5 of float64), "high" the TF32 one, whose rounding
+    shows: the two results differ by more than the exact kernel's error."""
+    _, q, k, v = make_qkv(2, 4, 400, 32, 64, torch.float32, "cuda", layout)
+    ref64, _ = forward_reference(q, k, v, 32 ** -0.5)
+    exact, _ = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        tf32, _ = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    assert rel_err(exact, ref64) <= 1e-5
+    assert rel_err(tf32, ref64) > 1e-5

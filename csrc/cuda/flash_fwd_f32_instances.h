@@ -15,41 +15,81 @@ extern template void launch_flash_fwd_f32<32, 64, Layout::kTokenMajor, 16, false
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<32, 64, Layout::kTokenMajor, 4, false>(
     const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<32, 64, Layout::kTokenMajor, 16, true>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<32, 64, Layout::kTokenMajor, 4, true>(
+    const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<32, 64, Layout::kChannelFirst, 16, false>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<32, 64, Layout::kChannelFirst, 4, false>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<32, 64, Layout::kChannelFirst, 16, true>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<32, 64, Layout::kChannelFirst, 4, true>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<16, 16, Layout::kTokenMajor, 16, false>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<16, 16, Layout::kTokenMajor, 4, false>(
     const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<16, 16, Layout::kTokenMajor, 16, true>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<16, 16, Layout::kTokenMajor, 4, true>(
+    const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<16, 16, Layout::kChannelFirst, 16, false>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<16, 16, Layout::kChannelFirst, 4, false>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<16, 16, Layout::kChannelFirst, 16, true>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<16, 16, Layout::kChannelFirst, 4, true>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<32, 32, Layout::kTokenMajor, 16, false>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<32, 32, Layout::kTokenMajor, 4, false>(
     const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<32, 32, Layout::kTokenMajor, 16, true>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<32, 32, Layout::kTokenMajor, 4, true>(
+    const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<32, 32, Layout::kChannelFirst, 16, false>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<32, 32, Layout::kChannelFirst, 4, false>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<32, 32, Layout::kChannelFirst, 16, true>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<32, 32, Layout::kChannelFirst, 4, true>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<64, 64, Layout::kTokenMajor, 16, false>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<64, 64, Layout::kTokenMajor, 4, false>(
     const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<64, 64, Layout::kTokenMajor, 16, true>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<64, 64, Layout::kTokenMajor, 4, true>(
+    const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<64, 64, Layout::kChannelFirst, 16, false>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<64, 64, Layout::kChannelFirst, 4, false>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<64, 64, Layout::kChannelFirst, 16, true>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<64, 64, Layout::kChannelFirst, 4, true>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<64, 128, Layout::kTokenMajor, 16, false>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<64, 128, Layout::kTokenMajor, 4, false>(
     const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<64, 128, Layout::kTokenMajor, 16, true>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<64, 128, Layout::kTokenMajor, 4, true>(
+    const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<64, 128, Layout::kChannelFirst, 16, false>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_f32<64, 128, Layout::kChannelFirst, 4, false>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<64, 128, Layout::kChannelFirst, 16, true>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_f32<64, 128, Layout::kChannelFirst, 4, true>(
     const FwdParams&, cudaStream_t);
 
 }  // namespace psa_fa2
@@ -58,21 +98,41 @@ extern template void launch_flash_fwd_f32<64, 128, Layout::kChannelFirst, 4, fal
 #define PSA_FA2_FLASH_FWD_F32_INSTANCES(X) \
   X(32, 64, kTokenMajor, 16, false) \
   X(32, 64, kTokenMajor, 4, false) \
+  X(32, 64, kTokenMajor, 16, true) \
+  X(32, 64, kTokenMajor, 4, true) \
   X(32, 64, kChannelFirst, 16, false) \
   X(32, 64, kChannelFirst, 4, false) \
+  X(32, 64, kChannelFirst, 16, true) \
+  X(32, 64, kChannelFirst, 4, true) \
   X(16, 16, kTokenMajor, 16, false) \
   X(16, 16, kTokenMajor, 4, false) \
+  X(16, 16, kTokenMajor, 16, true) \
+  X(16, 16, kTokenMajor, 4, true) \
   X(16, 16, kChannelFirst, 16, false) \
   X(16, 16, kChannelFirst, 4, false) \
+  X(16, 16, kChannelFirst, 16, true) \
+  X(16, 16, kChannelFirst, 4, true) \
   X(32, 32, kTokenMajor, 16, false) \
   X(32, 32, kTokenMajor, 4, false) \
+  X(32, 32, kTokenMajor, 16, true) \
+  X(32, 32, kTokenMajor, 4, true) \
   X(32, 32, kChannelFirst, 16, false) \
   X(32, 32, kChannelFirst, 4, false) \
+  X(32, 32, kChannelFirst, 16, true) \
+  X(32, 32, kChannelFirst, 4, true) \
   X(64, 64, kTokenMajor, 16, false) \
   X(64, 64, kTokenMajor, 4, false) \
+  X(64, 64, kTokenMajor, 16, true) \
+  X(64, 64, kTokenMajor, 4, true) \
   X(64, 64, kChannelFirst, 16, false) \
   X(64, 64, kChannelFirst, 4, false) \
+  X(64, 64, kChannelFirst, 16, true) \
+  X(64, 64, kChannelFirst, 4, true) \
   X(64, 128, kTokenMajor, 16, false) \
   X(64, 128, kTokenMajor, 4, false) \
+  X(64, 128, kTokenMajor, 16, true) \
+  X(64, 128, kTokenMajor, 4, true) \
   X(64, 128, kChannelFirst, 16, false) \
-  X(64, 128, kChannelFirst, 4, false)
+  X(64, 128, kChannelFirst, 4, false) \
+  X(64, 128, kChannelFirst, 16, true) \
+  X(64, 128, kChannelFirst, 4, true)

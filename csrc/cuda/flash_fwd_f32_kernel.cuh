@@ -1,9 +1,9 @@
 // FlashAttention-2 forward for float32 inputs.
 //
-//   kTf32 = false (torch.get_float32_matmul_precision() == "highest"): exact fp32, FFMA (SIMT).
-//   kTf32 = true  (otherwise): planned, not written yet: S = Q K^T and O += P V on mma.sync m16n8k8
-//                 .tf32 (cvt.rna.tf32.f32 operands, fp32 accumulation). Until then the dispatch runs
-//                 the exact kernel for allow_tf32 too.
+//   kTf32 = false (torch.get_float32_matmul_precision() == "highest"): exact fp32, FFMA (SIMT),
+//                 this file.
+//   kTf32 = true  (otherwise): S = Q K^T and O += P V on mma.sync m16n8k8 .tf32 tensor cores,
+//                 flash_fwd_tf32_kernel.cuh; it shares this file's tiles, copiers and launcher.
 //
 // One CTA = 8 warps computes kBlockM = 128 query rows of one (batch, head); warp w owns rows
 // [16w, 16w + 16) for the whole kernel, so the softmax row statistics and the P tile never leave
@@ -134,19 +134,19 @@ __device__ __forceinline__ int block_bh() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tile copiers. A tile is kRows x kCols floats in shared memory, row stride kCols + kPad.
+// Tile copiers. A tile is kRows x kCols floats in shared memory, row stride kCols + kRowPad.
 // `valid` = tokens left from the tile start; tokens run along the columns (Q, K) or the rows (V).
 // Out-of-range elements read nothing (src-size 0) and point at gtile, which is always valid.
 // ---------------------------------------------------------------------------------------------
 
 // Global element (r, c) at gtile + r * row_stride + c: vectors of kVecBytes along the row.
-template <int kRows, int kCols, int kVecBytes, bool kTokensAlongCols>
+template <int kRows, int kCols, int kVecBytes, bool kTokensAlongCols, int kRowPad = kPad>
 struct DirectCopier {
   static constexpr int kE = kVecBytes / 4;
   static constexpr int kVecsPerRow = kCols / kE;
   static constexpr int kRowStep = kThreads / kVecsPerRow;
   static constexpr int kPerThread = kRows / kRowStep;
-  static constexpr int kStride = kCols + kPad;
+  static constexpr int kStride = kCols + kRowPad;
   static_assert(kCols % kE == 0 && kThreads % kVecsPerRow == 0 && kRows % kRowStep == 0,
                 "every thread copies the same number of vectors");
 
@@ -176,13 +176,22 @@ struct DirectCopier {
       src += gstep;
     }
   }
+
+  // f(element) for every element this thread's copy() wrote (valid or zero-filled).
+  template <class F>
+  __device__ __forceinline__ void for_each_copied(float* stile, F f) const {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i)
+#pragma unroll
+      for (int e = 0; e < kE; ++e) f(stile[soff + i * kRowStep * kStride + e]);
+  }
 };
 
 // Global element (r, c) at gtile + r + c * col_stride (unit stride down a column): 4-byte copies,
 // a warp takes 8 consecutive rows (32 contiguous bytes) of 4 columns. Shared address
 // r * (kCols + 4) + c falls in bank 4r + c (mod 32) for kCols % 32 == 0 (and in 32 distinct banks
-// for kCols = 16), so the transposing writes are conflict free.
-template <int kRows, int kCols, bool kTokensAlongCols>
+// for kCols = 16), so the transposing writes are conflict free (2-way with kRowPad = 8).
+template <int kRows, int kCols, bool kTokensAlongCols, int kRowPad = kPad>
 struct TransposeCopier {
   static constexpr int kWarpsC = (kCols / 4) < kWarps ? (kCols / 4) : kWarps;
   static constexpr int kWarpsR = kWarps / kWarpsC;
@@ -190,7 +199,7 @@ struct TransposeCopier {
   static constexpr int kPassC = 4 * kWarpsC;
   static constexpr int kItR = kRows / kPassR;
   static constexpr int kItC = kCols / kPassC;
-  static constexpr int kStride = kCols + kPad;
+  static constexpr int kStride = kCols + kRowPad;
   static_assert(kWarps % kWarpsC == 0 && kRows % kPassR == 0 && kCols % kPassC == 0,
                 "every thread copies the same number of elements");
 
@@ -219,6 +228,15 @@ struct TransposeCopier {
       }
       src += cstep;
     }
+  }
+
+  // f(element) for every element this thread's copy() wrote (valid or zero-filled).
+  template <class F>
+  __device__ __forceinline__ void for_each_copied(float* stile, F f) const {
+#pragma unroll
+    for (int c = 0; c < kItC; ++c)
+#pragma unroll
+      for (int r = 0; r < kItR; ++r) f(stile[soff + r * kPassR * kStride + c * kPassC]);
   }
 };
 
@@ -266,23 +284,28 @@ struct F32Traits {
   static constexpr int kTN = kBlockN / 8;  // S columns per thread (FFMA path)
   static constexpr int kTV = kDv / 8;      // O columns per thread (FFMA path)
 
-  static constexpr int kQStride = kBlockM + kPad;
-  static constexpr int kKStride = kBlockN + kPad;
+  // The TF32 path reads Q and K as mma fragments, element (d = k0 + t, row or key = g) per
+  // lane (t = lane % 4, g = lane / 4): 8 floats of padding put those in banks 8t + g, all
+  // distinct (4 would give 4t + g, two-way conflicts). Its V reads (key 2t, channel g) are
+  // conflict free with 4.
+  static constexpr int kQKPad = kTf32 ? 8 : kPad;
+  static constexpr int kQStride = kBlockM + kQKPad;
+  static constexpr int kKStride = kBlockN + kQKPad;
   static constexpr int kVStride = kDv + kPad;
   static constexpr int kQFloats = kDk * kQStride;
   static constexpr int kKFloats = kDk * kKStride;
   static constexpr int kVFloats = kBlockN * kVStride;
-  static constexpr int kPFloats = kBlockN * kPStride;  // per warp
+  static constexpr int kPFloats = kTf32 ? 0 : kBlockN * kPStride;  // per warp (FFMA path only)
   static constexpr int kQOff = 0;
   static constexpr int kKOff = kQOff + kQFloats;
   static constexpr int kVOff = kKOff + 2 * kKFloats;
   static constexpr int kPOff = kVOff + 2 * kVFloats;
   static constexpr int kSmemBytes = (kPOff + kWarps * kPFloats) * 4;
 
-  using QCopier = std::conditional_t<kCF, DirectCopier<kDk, kBlockM, kVecBytes, true>,
-                                     TransposeCopier<kDk, kBlockM, true>>;
-  using KCopier = std::conditional_t<kCF, DirectCopier<kDk, kBlockN, kVecBytes, true>,
-                                     TransposeCopier<kDk, kBlockN, true>>;
+  using QCopier = std::conditional_t<kCF, DirectCopier<kDk, kBlockM, kVecBytes, true, kQKPad>,
+                                     TransposeCopier<kDk, kBlockM, true, kQKPad>>;
+  using KCopier = std::conditional_t<kCF, DirectCopier<kDk, kBlockN, kVecBytes, true, kQKPad>,
+                                     TransposeCopier<kDk, kBlockN, true, kQKPad>>;
   using VCopier = std::conditional_t<kCF, TransposeCopier<kBlockN, kDv, false>,
                                      DirectCopier<kBlockN, kDv, kVecBytes, false>>;
   // 2 CTAs x 256 threads per SM (<= 128 registers); smem is <= 110 KB per CTA for every
@@ -297,7 +320,7 @@ template <int kDk, int kDv, Layout kLayout, int kVecBytes, bool kTf32>
 __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBytes, kTf32>::kMinBlocks))
     flash_fwd_f32_kernel(const __grid_constant__ FwdParams params, const float scale_log2) {
   using Tr = F32Traits<kDk, kDv, kLayout, kVecBytes, kTf32>;
-  static_assert(!kTf32, "the TF32 path is not written yet (generate_flash_fwd_f32.py lists none)");
+  static_assert(!kTf32, "the TF32 path is flash_fwd_tf32_kernel");
   constexpr bool kCF = Tr::kCF;
   constexpr int kBlockN = Tr::kBlockN;
   constexpr int kTN = Tr::kTN;
@@ -540,6 +563,11 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
 }
 
 #ifndef PSA_FA2_F32_EMULATE
+// Defined in flash_fwd_tf32_kernel.cuh, which only the _tf32 instantiation files include.
+template <int kDk, int kDv, Layout kLayout, int kVecBytes>
+__global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBytes, true>::kMinBlocks))
+    flash_fwd_tf32_kernel(const __grid_constant__ FwdParams params, const float scale_log2);
+
 // ---------------------------------------------------------------------------------------------
 // Launcher (explicitly instantiated in the generated flash_fwd_f32_<dk>x<dv>_<layout>[_tf32].cu)
 // ---------------------------------------------------------------------------------------------
@@ -548,7 +576,13 @@ void launch(const FwdParams& params, cudaStream_t stream) {
   using Tr = F32Traits<kDk, kDv, kLayout, kVecBytes, kTf32>;
   const int bh = params.batch * params.heads;
   if (params.seqlen <= 0 || bh <= 0) return;
-  constexpr auto kernel = flash_fwd_f32_kernel<kDk, kDv, kLayout, kVecBytes, kTf32>;
+  constexpr auto kernel = [] {
+    if constexpr (kTf32) {
+      return flash_fwd_tf32_kernel<kDk, kDv, kLayout, kVecBytes>;
+    } else {
+      return flash_fwd_f32_kernel<kDk, kDv, kLayout, kVecBytes, false>;
+    }
+  }();
   constexpr int smem = Tr::kSmemBytes;
   if constexpr (smem > 48 * 1024) allow_dynamic_smem_once<kernel>(smem);
   constexpr int kMaxGridY = 65535;

@@ -1,0 +1,239 @@
+// FlashAttention-2 forward for float32 inputs on TF32 tensor cores (mma.sync m16n8k8 .tf32,
+// fp32 accumulate): what torch.get_float32_matmul_precision() "high" / "medium" allow, like
+// cuBLAS's TF32 matmuls.
+//
+// The CTA shape, shared-memory tiles, copiers, pipeline and launcher are those of the exact
+// kernel (flash_fwd_f32_kernel.cuh): 8 warps x 16 query rows, K/V in kBlockN-token tiles
+// through two cp.async stages, Q [dk][kBlockM], K [dk][kBlockN], V [kBlockN][dv] in shared
+// memory. What differs:
+//   - Operands are rounded to TF32 (cvt.rna, round to nearest, ties away) once, in shared
+//     memory: each thread rounds the elements its own cp.async wrote, after its wait and
+//     before the barrier that publishes the tile. Eight warps read every K/V element, so
+//     rounding at fragment load would cost 8x the conversions.
+//   - S (16 x kBlockN per warp) and O (16 x dv) live in mma accumulator fragments. P feeds the
+//     P V product from registers: the accumulator of an 8-key block holds, per lane, keys
+//     2t, 2t+1 of rows g, g+8, and the A fragment of m16n8k8 wants k indices t, t+4. Since
+//     P V sums over keys, A's k index t is taken to be key 2t and t+4 key 2t+1, and the V
+//     fragment is read with the same order: b0 = V[key 2t][ch g], b1 = V[key 2t + 1][ch g].
+//   - The online softmax is the bf16 kernel's (rows g, g+8 per lane, max over the 4 lanes of
+//     a row), in base 2 with log2(e) folded into the scale.
+#pragma once
+
+#include "flash_fwd_f32_kernel.cuh"
+
+namespace psa_fa2 {
+namespace flash_fwd_f32_detail {
+
+__device__ __forceinline__ float round_to_tf32(float x) {
+  uint32_t y;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(y) : "f"(x));
+  return __uint_as_float(y);
+}
+
+__device__ __forceinline__ uint32_t tf32_bits(float x) { return __float_as_uint(round_to_tf32(x)); }
+
+// D += A B for one 16x8x8 block (g = lane / 4, t = lane % 4):
+//   A: a[0] = (row g, k t), a[1] = (row g+8, k t), a[2] = (row g, k t+4), a[3] = (row g+8, k t+4)
+//   B: b0 = (k t, col g), b1 = (k t+4, col g)
+//   C: c[0..1] = (row g, cols 2t, 2t+1), c[2..3] = (row g+8, cols 2t, 2t+1)
+__device__ __forceinline__ void mma_1688_tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                              uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t lds_bits(const float* p) { return __float_as_uint(*p); }
+
+template <int kDk, int kDv, Layout kLayout, int kVecBytes>
+__global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBytes, true>::kMinBlocks))
+    flash_fwd_tf32_kernel(const __grid_constant__ FwdParams params, const float scale_log2) {
+  using Tr = F32Traits<kDk, kDv, kLayout, kVecBytes, true>;
+  constexpr bool kCF = Tr::kCF;
+  constexpr int kBlockN = Tr::kBlockN;
+  constexpr int kKSteps = kDk / 8;      // k8 steps of S = Q K^T
+  constexpr int kSTiles = kBlockN / 8;  // n8 tiles of S per warp (= k8 steps of P V)
+  constexpr int kOTiles = kDv / 8;      // n8 tiles of O per warp
+
+  extern __shared__ __align__(16) float smem[];
+  float* const sQ = smem + Tr::kQOff;
+  float* const sK = smem + Tr::kKOff;
+  float* const sV = smem + Tr::kVOff;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+
+  const int N = params.seqlen;
+  const int bh = block_bh<false>();
+  if (bh >= params.batch * params.heads) return;
+  const int b = bh / params.heads;
+  const int h = bh % params.heads;
+  const int m0 = blockIdx.x * kBlockM;
+
+  auto head_ptr = [&](const Strided4& s) {
+    return static_cast<const float*>(s.ptr) + b * s.stride_b + h * s.stride_h;
+  };
+  const float* const q_head = head_ptr(params.q);
+  const float* const k_head = head_ptr(params.k);
+  const float* const v_head = head_ptr(params.v);
+  const int64_t q_ts = kCF ? 1 : params.q.stride_n;
+  const int64_t k_ts = kCF ? 1 : params.k.stride_n;
+  const int64_t v_ts = kCF ? 1 : params.v.stride_n;
+  auto q_copier = [&] { return typename Tr::QCopier(tid, kCF ? params.q.stride_d : params.q.stride_n); };
+  auto k_copier = [&] { return typename Tr::KCopier(tid, kCF ? params.k.stride_d : params.k.stride_n); };
+  auto v_copier = [&] { return typename Tr::VCopier(tid, kCF ? params.v.stride_d : params.v.stride_n); };
+  auto to_tf32 = [](float& x) { x = round_to_tf32(x); };
+
+  const int n_tiles = (N + kBlockN - 1) / kBlockN;
+
+  q_copier().copy(sQ, q_head + m0 * q_ts, N - m0);
+  k_copier().copy(sK, k_head, N);
+  v_copier().copy(sV, v_head, N);
+  cp_async_commit();
+
+  float o[kOTiles][4];
+#pragma unroll
+  for (int i = 0; i < kOTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  // Running max (scaled log2 units) of rows g and g+8, and this lane's partial row sums
+  // (reduced over the 4 lanes of a row at the end; all four apply the same rescales).
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+  const float* const sQw = sQ + warp * kRowsPerWarp + g;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int stage = j & 1;
+    const int n0 = j * kBlockN;
+    float* const sKs = sK + stage * Tr::kKFloats;
+    float* const sVs = sV + stage * Tr::kVFloats;
+    // Tile j landed; round what this thread copied, then the barrier publishes it (and tells
+    // that every warp is done with tile j - 1, whose stage is refilled next).
+    cp_async_wait_all();
+    if (j == 0) q_copier().for_each_copied(sQ, to_tf32);
+    k_copier().for_each_copied(sKs, to_tf32);
+    v_copier().for_each_copied(sVs, to_tf32);
+    __syncthreads();
+    if (j + 1 < n_tiles) {
+      const int n1 = n0 + kBlockN;
+      k_copier().copy(sK + (stage ^ 1) * Tr::kKFloats, k_head + n1 * k_ts, N - n1);
+      v_copier().copy(sV + (stage ^ 1) * Tr::kVFloats, v_head + n1 * v_ts, N - n1);
+    }
+    cp_async_commit();
+
+    // ---- S = Q K^T ----
+    float s[kSTiles][4];
+#pragma unroll
+    for (int i = 0; i < kSTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      const float* q_lo = sQw + (kk * 8 + t) * Tr::kQStride;
+      const float* q_hi = q_lo + 4 * Tr::kQStride;
+      const uint32_t a[4] = {lds_bits(q_lo), lds_bits(q_lo + 8), lds_bits(q_hi), lds_bits(q_hi + 8)};
+      const float* k_lo = sKs + (kk * 8 + t) * Tr::kKStride + g;
+      const float* k_hi = k_lo + 4 * Tr::kKStride;
+#pragma unroll
+      for (int i = 0; i < kSTiles; ++i) mma_1688_tf32(s[i], a, lds_bits(k_lo + i * 8), lds_bits(k_hi + i * 8));
+    }
+
+    // ---- Keys past N (last tile only): -inf, weight 0 ----
+    if (n0 + kBlockN > N) {
+#pragma unroll
+      for (int i = 0; i < kSTiles; ++i) {
+        const int col = n0 + i * 8 + 2 * t;
+        if (col >= N) s[i][0] = s[i][2] = -INFINITY;
+        if (col + 1 >= N) s[i][1] = s[i][3] = -INFINITY;
+      }
+    }
+
+    // ---- Online softmax, base 2 (max on raw scores, scaled once; scale >= 0) ----
+    float alpha[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < kSTiles; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * r], s[i][2 * r + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(row_max[r], mx * scale_log2);
+      // All scores so far -inf: 0 as the reference (weights 0, not NaN); NaN scores still
+      // poison the row as in eager.
+      const float m_ref = m_new == -INFINITY ? 0.f : m_new;
+      alpha[r] = fast_exp2(row_max[r] - m_ref);  // 0 on the first tile
+      row_max[r] = m_new;
+      const float neg_m = -m_ref;
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < kSTiles; ++i) {
+        s[i][2 * r] = fast_exp2(fmaf(s[i][2 * r], scale_log2, neg_m));
+        s[i][2 * r + 1] = fast_exp2(fmaf(s[i][2 * r + 1], scale_log2, neg_m));
+        sum += s[i][2 * r] + s[i][2 * r + 1];
+      }
+      row_sum[r] = fmaf(row_sum[r], alpha[r], sum);
+    }
+#pragma unroll
+    for (int i = 0; i < kOTiles; ++i) {
+      o[i][0] *= alpha[0];
+      o[i][1] *= alpha[0];
+      o[i][2] *= alpha[1];
+      o[i][3] *= alpha[1];
+    }
+
+    // ---- O += P V (8-key block i of P is S tile i; key order 2t, 2t+1 <-> k t, t+4) ----
+#pragma unroll
+    for (int i = 0; i < kSTiles; ++i) {
+      const uint32_t a[4] = {tf32_bits(s[i][0]), tf32_bits(s[i][2]), tf32_bits(s[i][1]),
+                             tf32_bits(s[i][3])};
+      const float* v_lo = sVs + (i * 8 + 2 * t) * Tr::kVStride + g;
+      const float* v_hi = v_lo + Tr::kVStride;
+#pragma unroll
+      for (int c = 0; c < kOTiles; ++c) mma_1688_tf32(o[c], a, lds_bits(v_lo + c * 8), lds_bits(v_hi + c * 8));
+    }
+  }
+  cp_async_wait_all();  // only empty groups are left
+
+  // ---- Epilogue ----
+  const int bh_e = block_bh<true>();
+  const int b_e = bh_e / params.heads;
+  const int h_e = bh_e % params.heads;
+  float* const out_head =
+      static_cast<float*>(params.out.ptr) + b_e * params.out.stride_b + h_e * params.out.stride_h;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    // l == 0 only for rows whose scores are all -inf: 0 * inf = NaN, as eager softmax gives.
+    const float inv_l = 1.f / l;
+    const int n = m0 + warp * kRowsPerWarp + g + 8 * r;
+    if (n >= N) continue;
+    if (t == 0) {
+      // lse = ln(sum_j exp(scale * s_j)) = ln2 * (m + log2(l)), m in scaled log2 units.
+      static_cast<float*>(params.lse)[static_cast<int64_t>(bh_e) * N + n] =
+          (row_max[r] + log2f(l)) * 0.6931471805599453f;
+    }
+#pragma unroll
+    for (int c = 0; c < kOTiles; ++c) {
+      const int ch = c * 8 + 2 * t;
+      const float x0 = o[c][2 * r] * inv_l, x1 = o[c][2 * r + 1] * inv_l;
+      if constexpr (kCF) {
+        // out[ch][n]: the 8 lanes of one t write 8 consecutive tokens.
+        out_head[ch * params.out.stride_d + n] = x0;
+        out_head[(ch + 1) * params.out.stride_d + n] = x1;
+      } else {
+        float* dst = out_head + n * params.out.stride_n + ch;
+        if constexpr (kVecBytes == 16) {
+          *reinterpret_cast<float2*>(dst) = make_float2(x0, x1);  // 8-byte aligned: ch even
+        } else {
+          dst[0] = x0;
+          dst[1] = x1;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace flash_fwd_f32_detail
+}  // namespace psa_fa2
