@@ -3,7 +3,7 @@
     compute-sanitizer --tool racecheck python .ci/sanitize_case.py"""
 import torch
 
-import psa_fa2_ext  # noqa: F401
+import psa_fa2_ext
 
 torch.manual_seed(0)
 for layout in ("channel_first", "token_major"):
@@ -20,5 +20,20 @@ for layout in ("channel_first", "token_major"):
             dout = torch.randn_like(out)
             dq, dk_, dv_ = torch.zeros_like(q), torch.zeros_like(k), torch.empty_like(v)
             torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, dk ** -0.5, dq, dk_, dv_, impl, deterministic)
+# fp32 forward: the exact kernel ("highest") and the TF32 one ("high"), at a masked tail.
+for precision in ("highest", "high"):
+    torch.set_float32_matmul_precision(precision)
+    for layout_dims in ((2, 3), None):
+        x = torch.randn(1, 2 * 128, 97, device="cuda")
+        q, k, v = x.view(1, 2, 128, 97).split([32, 32, 64], 2)
+        if layout_dims:
+            q, k, v = (t.transpose(*layout_dims) for t in (q, k, v))
+        else:
+            q, k, v = (t.transpose(2, 3).contiguous() for t in (q, k, v))
+        torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
+torch.set_float32_matmul_precision("highest")
+# psa_attention's autograd on the split views (one d_qkv buffer).
+x = torch.randn(2, 2 * 128, 19, 21, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+psa_fa2_ext.psa_attention(*x.view(2, 2, 128, 399).split([32, 32, 64], 2)).sum().backward()
 torch.cuda.synchronize()
 print("sanitize case done")
