@@ -12,13 +12,15 @@
 #include <vector>
 
 #include "../checks.h"
+#include "blockwise_bwd.h"
 #include "make_params.h"
 #include "launchers.h"
 
 namespace psa_fa2 {
 
 std::vector<std::string> compiled_cuda_kernels() {
-  return {"reference_fwd", "reference_bwd", "flash_fwd", "flash_fwd_f32", "flash_bwd"};
+  return {"reference_fwd", "reference_bwd", "flash_fwd", "flash_fwd_f32", "flash_bwd",
+          "blockwise_bwd_f32"};
 }
 
 namespace {
@@ -78,14 +80,20 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
   const Impl impl = parse_impl(impl_name);
   if (q.numel() == 0 || v.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(q.device());
+  // fp32 has no tensor-core backward kernel: its fast path is blockwise on at::matmul, which
+  // follows PyTorch's fp32 matmul rule (TF32 unless "highest") by construction.
+  if (q.scalar_type() == at::kFloat && impl != Impl::kReference) {
+    blockwise_bwd(dout, q, k, v, out, lse, scale, dq, dk, dv);
+    return;
+  }
   at::Tensor delta = at::empty_like(lse);
-
   BwdParams p = make_bwd_params(s, dout, q, k, v, out, lse, delta, dq, dk, dv, scale);
   p.allow_tf32 = fp32_matmul_allows_tf32();
   p.deterministic = deterministic || at::globalContext().deterministicAlgorithms();
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  if (use_fast(impl, flash_bwd_supported(p), s, q.scalar_type(), "backward")) {
+  const bool fast = use_fast(impl, flash_bwd_supported(p), s, q.scalar_type(), "backward");
+  if (fast) {
     at::Tensor workspace =
         at::empty({static_cast<int64_t>(flash_bwd_workspace_bytes(p))}, q.options().dtype(at::kByte));
     p.workspace = workspace.data_ptr();
