@@ -162,6 +162,12 @@ inline at::Tensor empty_in_layout(const AttnShape& s, int64_t d, Layout layout,
   return at::empty({s.batch, s.heads, d, s.seqlen}, options).transpose(2, 3);
 }
 
+// For bwd(accumulate=False) where the kernel can only add: dq = dk = 0 first.
+inline void zero_qk_grads(at::Tensor& dq, at::Tensor& dk) {
+  dq.zero_();
+  dk.zero_();
+}
+
 enum class Impl { kAuto, kFast, kReference };
 
 inline Impl parse_impl(c10::string_view impl) {

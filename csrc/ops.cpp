@@ -35,10 +35,11 @@ TORCH_LIBRARY(psa_fa2, m) {
   m.def("fwd(Tensor q, Tensor k, Tensor v, float scale, str impl=\"auto\") -> (Tensor, Tensor)");
   // The seed's contract: dq and dk are accumulated into (+=), dv is overwritten, so two
   // calls on the halves of V (and of out / dout) add up to the full-V gradient.
+  // accumulate=False overwrites dq and dk too (no zero-filled buffers needed).
   m.def(
       "bwd(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, float scale, "
       "Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, str impl=\"auto\", "
-      "bool deterministic=False) -> ()");
+      "bool deterministic=False, bool accumulate=True) -> ()");
   // The Ultralytics block's attention on its channel-first views: q, k [B, H, dk, N],
   // v [B, H, dv, N] -> [B, H, dv, N] contiguous. Differentiable (psa_attention.cpp).
   m.def("psa_attention(Tensor q, Tensor k, Tensor v, float scale, str impl=\"auto\") -> Tensor");

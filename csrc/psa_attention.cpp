@@ -45,9 +45,10 @@ void call_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
           .findSchemaOrThrow("psa_fa2::bwd", "")
           .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                       const at::Tensor&, const at::Tensor&, double, at::Tensor&, at::Tensor&,
-                      at::Tensor&, c10::string_view, bool)>();
+                      at::Tensor&, c10::string_view, bool, bool)>();
+  // dq, dk and dv are fresh buffers: overwritten, never zero-filled.
   op.call(dout, q, k, v, out, lse, scale, dq, dk, dv, impl,
-          at::globalContext().deterministicAlgorithms());
+          at::globalContext().deterministicAlgorithms(), /*accumulate=*/false);
 }
 
 // [B, H, D, N] (the block's view) as the operators' logical [B, H, N, D].
@@ -59,10 +60,10 @@ at::Tensor in_layout(const at::Tensor& t, Layout layout) {
   return is_channel_first(t) ? t : t.transpose(2, 3).contiguous().transpose(2, 3);
 }
 
-at::Tensor zeros_in_layout(const at::Tensor& like, Layout layout) {
+at::Tensor empty_like_in_layout(const at::Tensor& like, Layout layout) {
   const int64_t B = like.size(0), H = like.size(1), N = like.size(2), D = like.size(3);
-  if (layout == Layout::kTokenMajor) return at::zeros({B, H, N, D}, like.options());
-  return at::zeros({B, H, D, N}, like.options()).transpose(2, 3);
+  if (layout == Layout::kTokenMajor) return at::empty({B, H, N, D}, like.options());
+  return at::empty({B, H, D, N}, like.options()).transpose(2, 3);
 }
 
 Layout layout_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -125,11 +126,8 @@ struct SeparateQKV : public torch::autograd::Function<SeparateQKV> {
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const Layout layout = layout_of(q, k, v);
     const at::Tensor dout = in_layout(tokens_by_dims(grads[0]), layout);
-    at::Tensor dq = zeros_in_layout(q, layout), dk = zeros_in_layout(k, layout);
-    at::Tensor dv = layout == Layout::kTokenMajor
-                        ? at::empty(v.sizes(), v.options())
-                        : at::empty({v.size(0), v.size(1), v.size(3), v.size(2)}, v.options())
-                              .transpose(2, 3);
+    at::Tensor dq = empty_like_in_layout(q, layout), dk = empty_like_in_layout(k, layout),
+               dv = empty_like_in_layout(v, layout);
     call_bwd(dout, q, k, v, out, lse, ctx->saved_data["scale"].toDouble(), dq, dk, dv,
              ctx->saved_data["impl"].toStringRef());
     return {tokens_by_dims(dq), tokens_by_dims(dk), tokens_by_dims(dv), at::Tensor(), at::Tensor()};
@@ -169,9 +167,7 @@ struct SplitQKV : public torch::autograd::Function<SplitQKV> {
     const auto dims = ctx->saved_data["dims"].toIntVector();
     const SplitDims d{dims[0], dims[1], dims[2], dims[3], dims[4]};
     auto [q, k, v] = split_views(base, d);
-    // dq and dk are accumulated into; one contiguous memset of the whole buffer (dv is
-    // overwritten anyway) is cheaper than a strided fill of the dq / dk part.
-    at::Tensor d_base = at::zeros(base.sizes(), base.options());
+    at::Tensor d_base = at::empty(base.sizes(), base.options());
     auto [dq, dk, dv] = split_views(d_base, d);
     const at::Tensor dout = in_layout(tokens_by_dims(grads[0]), Layout::kChannelFirst);
     call_bwd(dout, q, k, v, out, lse, ctx->saved_data["scale"].toDouble(), dq, dk, dv,

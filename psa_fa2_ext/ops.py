@@ -34,15 +34,18 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, scale: float, impl: str = "auto") -> tu
 
 
 def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float,
-        dq: Tensor, dk: Tensor, dv: Tensor, impl: str = "auto", deterministic: bool = False) -> None:
+        dq: Tensor, dk: Tensor, dv: Tensor, impl: str = "auto", deterministic: bool = False,
+        accumulate: bool = True) -> None:
     """Attention backward, in place: ``dq += dL/dq``, ``dk += dL/dk``, ``dv = dL/dv``.
 
     dq and dk are accumulated so that two calls on the halves of V (with the matching
-    halves of ``out`` and ``dout`` and their own ``lse``) add up to the full-V gradient.
-    ``deterministic=True`` (or ``torch.use_deterministic_algorithms(True)``) gives
-    bit-identical results run to run.
+    halves of ``out`` and ``dout`` and their own ``lse``) add up to the full-V gradient;
+    ``accumulate=False`` overwrites them instead (``dq = dL/dq``, ``dk = dL/dk``), so they
+    need not be zero-filled. ``deterministic=True`` (or
+    ``torch.use_deterministic_algorithms(True)``) gives bit-identical results run to run.
     """
-    torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, scale, dq, dk, dv, impl, deterministic)
+    torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, scale, dq, dk, dv, impl, deterministic,
+                          accumulate)
 
 
 # --- layouts -----------------------------------------------------------------------------
@@ -64,12 +67,11 @@ def _common_layout(*ts: Tensor) -> str | None:
     return None
 
 
-def _new_in_layout(like: Tensor, d: int, layout: str, zero: bool = False) -> Tensor:
+def _new_in_layout(like: Tensor, d: int, layout: str) -> Tensor:
     B, H, N = like.shape[:3]
-    make = torch.zeros if zero else torch.empty
     if layout == "token_major":
-        return make(B, H, N, d, dtype=like.dtype, device=like.device)
-    return make(B, H, d, N, dtype=like.dtype, device=like.device).transpose(2, 3)
+        return torch.empty(B, H, N, d, dtype=like.dtype, device=like.device)
+    return torch.empty(B, H, d, N, dtype=like.dtype, device=like.device).transpose(2, 3)
 
 
 def _to_layout(t: Tensor, layout: str) -> Tensor:
@@ -96,7 +98,8 @@ def _fwd_fake(q, k, v, scale, impl="auto"):
 
 
 @torch.library.register_fake("psa_fa2::bwd")
-def _bwd_fake(dout, q, k, v, out, lse, scale, dq, dk, dv, impl="auto", deterministic=False):
+def _bwd_fake(dout, q, k, v, out, lse, scale, dq, dk, dv, impl="auto", deterministic=False,
+              accumulate=True):
     torch._check(dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape,
                  lambda: "dq, dk and dv must have the shapes of q, k and v")
 
@@ -116,11 +119,9 @@ def _fwd_backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
     layout = _common_layout(q, k, v, out)
     dout = _to_layout(dout, layout)
-    dq = _new_in_layout(q, q.shape[3], layout, zero=True)
-    dk = _new_in_layout(k, k.shape[3], layout, zero=True)
-    dv = _new_in_layout(v, v.shape[3], layout)
+    dq, dk, dv = (_new_in_layout(t, t.shape[3], layout) for t in (q, k, v))
     torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, ctx.scale, dq, dk, dv, ctx.impl,
-                          torch.are_deterministic_algorithms_enabled())
+                          torch.are_deterministic_algorithms_enabled(), False)
     return dq, dk, dv, None, None
 
 

@@ -49,6 +49,16 @@ def check_backward(device, impl, N, dk, dv, dtype, layout, deterministic=False):
         assert_close_to_reference("dq", dq.double() - dq0.double(), rq, eq, dtype)
         assert_close_to_reference("dk", dk.double() - dk0.double(), rk, ek, dtype)
     assert_close_to_reference("dv", dv_, rv, ev, dtype)
+    # accumulate=False overwrites dq and dk: NaN-filled buffers must come back as the gradient.
+    dq_o, dk_o, dv_o = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, scale, dq_o, dk_o, dv_o, impl, deterministic,
+                          False)
+    if N == 1:
+        assert_zero_softmax_gradient(dq_o, dk_o, q, k, v, dout, scale)
+    else:
+        assert_close_to_reference("dq (accumulate=False)", dq_o, rq, eq, dtype)
+        assert_close_to_reference("dk (accumulate=False)", dk_o, rk, ek, dtype)
+    assert_close_to_reference("dv (accumulate=False)", dv_o, rv, ev, dtype)
 
 
 def assert_zero_softmax_gradient(dq, dk, q, k, v, dout, scale):

@@ -137,9 +137,11 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
 
 void bwd_cpu(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
              const at::Tensor& out, const at::Tensor& lse, double scale, at::Tensor& dq,
-             at::Tensor& dk, at::Tensor& dv, c10::string_view impl, bool /*deterministic*/) {
+             at::Tensor& dk, at::Tensor& dv, c10::string_view impl, bool /*deterministic*/,
+             bool accumulate) {
   const AttnShape s = check_bwd_inputs(dout, q, k, v, out, lse, dq, dk, dv);
   check_cpu_impl(parse_impl(impl));
+  if (!accumulate) zero_qk_grads(dq, dk);
   if (q.numel() == 0 || v.numel() == 0) return;
   // Each head is one task that sums in a fixed order: deterministic by construction.
   bwd_kernel(s, dout, q, k, v, out, lse, dq, dk, dv, scale);

@@ -75,14 +75,18 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
 void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
               const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, double scale,
               at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, c10::string_view impl_name,
-              bool deterministic) {
+              bool deterministic, bool accumulate) {
   const AttnShape s = check_bwd_inputs(dout, q, k, v, out, lse, dq, dk, dv);
   const Impl impl = parse_impl(impl_name);
-  if (q.numel() == 0 || v.numel() == 0) return;
   const c10::cuda::CUDAGuard guard(q.device());
+  if (q.numel() == 0 || v.numel() == 0) {
+    if (!accumulate) zero_qk_grads(dq, dk);
+    return;
+  }
   // fp32 has no tensor-core backward kernel: its fast path is blockwise on at::matmul, which
   // follows PyTorch's fp32 matmul rule (TF32 unless "highest") by construction.
   if (q.scalar_type() == at::kFloat && impl != Impl::kReference) {
+    if (!accumulate) zero_qk_grads(dq, dk);
     blockwise_bwd(dout, q, k, v, out, lse, scale, dq, dk, dv);
     return;
   }
@@ -90,6 +94,7 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
   BwdParams p = make_bwd_params(s, dout, q, k, v, out, lse, delta, dq, dk, dv, scale);
   p.allow_tf32 = fp32_matmul_allows_tf32();
   p.deterministic = deterministic || at::globalContext().deterministicAlgorithms();
+  p.accumulate = accumulate;
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool fast = use_fast(impl, flash_bwd_supported(p), s, q.scalar_type(), "backward");
@@ -101,6 +106,7 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
   } else {
     // The reference kernel's dq / dk atomics add one finished value per element to what is
     // there, so its result does not depend on their order: deterministic as it stands.
+    if (!accumulate) zero_qk_grads(dq, dk);
     reference_bwd(p, stream);
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -35,8 +35,8 @@ struct FwdParams {
 
 struct BwdParams {
   Strided4 q, k, v, out, dout;  // as in FwdParams; dout is [B, H, N, dv]
-  Strided4 dq;   // [B, H, N, dk], accumulated into (+=)
-  Strided4 dk;   // [B, H, N, dk], accumulated into (+=)
+  Strided4 dq;   // [B, H, N, dk], accumulated into (+=) when accumulate, else overwritten
+  Strided4 dk;   // [B, H, N, dk], likewise
   Strided4 dv;   // [B, H, N, dv], overwritten
   const void* lse;  // [B, H, N] contiguous, as written by the forward
   void* delta;      // [B, H, N] contiguous scratch of the lse dtype: rowsum(dout * out)
@@ -47,6 +47,7 @@ struct BwdParams {
   Layout layout;
   bool allow_tf32;
   bool deterministic;  // bit-identical results run to run
+  bool accumulate;     // dq += ..., dk += ... (else dq = ..., dk = ...)
 };
 
 }  // namespace psa_fa2

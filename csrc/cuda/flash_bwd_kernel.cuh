@@ -290,12 +290,12 @@ __device__ __forceinline__ void stage_acc(float* s, const float (&acc)[kD / 8][4
   }
 }
 
-// Writes (kAccum: adds) scale * staged tile to tokens [tok0, tok0 + kRows) of one head,
+// Writes (accum: adds) scale * staged tile to tokens [tok0, tok0 + kRows) of one head,
 // 16 bytes per access along the contiguous dimension (element-wise for channel-first
 // tensors that are not 16-byte aligned, see load_tile), tokens >= n untouched.
-template <class St, typename T, int kRows, int kD, bool kTM, int kThreads, bool kAccum>
+template <class St, typename T, int kRows, int kD, bool kTM, int kThreads>
 __device__ __forceinline__ void store_tile(const float* s, T* g, int64_t pitch, int tok0, int n,
-                                           float scale, int gran) {
+                                           float scale, int gran, bool accum) {
   constexpr int kChunks = kTM ? kRows * (kD / 8) : kD * (kRows / 8);
   for (int c = threadIdx.x; c < kChunks; c += kThreads) {
     int r, d;  // first element of the chunk (token offset in tile, channel)
@@ -315,7 +315,7 @@ __device__ __forceinline__ void store_tile(const float* s, T* g, int64_t pitch, 
     if (full) {
       uint4 out;
       uint32_t* o = reinterpret_cast<uint32_t*>(&out);
-      if constexpr (kAccum) {
+      if (accum) {
         const uint4 old = *reinterpret_cast<const uint4*>(dst);
         const uint32_t* w = reinterpret_cast<const uint32_t*>(&old);
 #pragma unroll
@@ -330,7 +330,7 @@ __device__ __forceinline__ void store_tile(const float* s, T* g, int64_t pitch, 
       *reinterpret_cast<uint4*>(dst) = out;
     } else if (!kTM) {
       for (int e = 0; e < 8 && tok + e < n; ++e) {
-        const float add = kAccum ? to_float(dst[e]) : 0.f;
+        const float add = accum ? to_float(dst[e]) : 0.f;
         dst[e] = from_float<T>(add + v[e]);
       }
     }
@@ -761,10 +761,11 @@ __device__ __forceinline__ void epilogue_kv(const BwdParams& p, char* smem, int 
   __syncthreads();
   T* gK = static_cast<T*>(p.dk.ptr) + b * p.dk.stride_b + h * p.dk.stride_h;
   T* gV = static_cast<T*>(p.dv.ptr) + b * p.dv.stride_b + h * p.dv.stride_h;
-  store_tile<SA, T, C::kBlockN, C::kDQK, C::kTM, C::kThreads, true>(
-      sA, gK, C::kTM ? p.dk.stride_n : p.dk.stride_d, own0, p.seqlen, float(p.scale), gran);
-  store_tile<SB, T, C::kBlockN, C::kDV, C::kTM, C::kThreads, false>(
-      sB, gV, C::kTM ? p.dv.stride_n : p.dv.stride_d, own0, p.seqlen, 1.f, gran);
+  store_tile<SA, T, C::kBlockN, C::kDQK, C::kTM, C::kThreads>(
+      sA, gK, C::kTM ? p.dk.stride_n : p.dk.stride_d, own0, p.seqlen, float(p.scale), gran,
+      p.accumulate);
+  store_tile<SB, T, C::kBlockN, C::kDV, C::kTM, C::kThreads>(
+      sB, gV, C::kTM ? p.dv.stride_n : p.dv.stride_d, own0, p.seqlen, 1.f, gran, false);
 }
 
 // Schedule (a): grid (ceil(N / kBlockN), B*H).
@@ -779,7 +780,7 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   epilogue_kv<C>(p, smem, b, h, own0, accA, accB, gran);
 }
 
-// dq += scale * dQ_ws for kPreRows rows; grid (n_pad / kPreRows, B*H).
+// dq += scale * dQ_ws (dq = ... unless p.accumulate) for kPreRows rows; grid (n_pad / kPreRows, B*H).
 template <class C>
 __global__ void __launch_bounds__(256) bwd_convert_dq_kernel(const __grid_constant__ BwdParams p,
                                                              const float* ws, int n_pad, int gran) {
@@ -800,8 +801,8 @@ __global__ void __launch_bounds__(256) bwd_convert_dq_kernel(const __grid_consta
   }
   __syncthreads();
   T* gQ = static_cast<T*>(p.dq.ptr) + b * p.dq.stride_b + h * p.dq.stride_h;
-  store_tile<St, T, R, kD, C::kTM, 256, true>(s, gQ, C::kTM ? p.dq.stride_n : p.dq.stride_d, row0,
-                                              p.seqlen, float(p.scale), gran);
+  store_tile<St, T, R, kD, C::kTM, 256>(s, gQ, C::kTM ? p.dq.stride_n : p.dq.stride_d, row0,
+                                        p.seqlen, float(p.scale), gran, p.accumulate);
 }
 
 // Schedule (b): grid (ceil(N / kBlockN), B*H); CTA r owns rows [r*kBlockN, (r+1)*kBlockN)
@@ -827,8 +828,9 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   stage_acc<SA, C::kDQK, C::kTM>(sQ, accQ, (threadIdx.x >> 5) * 16);
   __syncthreads();
   T* gQ = static_cast<T*>(p.dq.ptr) + b * p.dq.stride_b + h * p.dq.stride_h;
-  store_tile<SA, T, C::kBlockN, C::kDQK, C::kTM, C::kThreads, true>(
-      sQ, gQ, C::kTM ? p.dq.stride_n : p.dq.stride_d, own0, p.seqlen, float(p.scale), gran);
+  store_tile<SA, T, C::kBlockN, C::kDQK, C::kTM, C::kThreads>(
+      sQ, gQ, C::kTM ? p.dq.stride_n : p.dq.stride_d, own0, p.seqlen, float(p.scale), gran,
+      p.accumulate);
 }
 
 // ---------------------------------------------------------------------------------------
