@@ -280,7 +280,13 @@ struct F32Traits {
   static constexpr bool kCF = kLayout == Layout::kChannelFirst;
   // 64 keys per tile while the K/V stages stay small; 32 above dk + dv = 96, which keeps
   // (64, 64) and (64, 128) at two CTAs per SM (and the S micro-tile at 16 registers).
+  // PSA_FA2_TF32_BLOCK_N / PSA_FA2_TF32_MIN_BLOCKS override the TF32 path's tile and CTAs per
+  // SM for experiments (bench/tune/tune_tf32.sh).
+#if defined(PSA_FA2_TF32_BLOCK_N)
+  static constexpr int kBlockN = kTf32 ? PSA_FA2_TF32_BLOCK_N : ((kDk + kDv <= 96) ? 64 : 32);
+#else
   static constexpr int kBlockN = (kDk + kDv <= 96) ? 64 : 32;
+#endif
   static constexpr int kTN = kBlockN / 8;  // S columns per thread (FFMA path)
   static constexpr int kTV = kDv / 8;      // O columns per thread (FFMA path)
 
@@ -310,7 +316,11 @@ struct F32Traits {
                                      DirectCopier<kBlockN, kDv, kVecBytes, false>>;
   // 2 CTAs x 256 threads per SM (<= 128 registers); smem is <= 110 KB per CTA for every
   // instantiated head-dim pair, so two fit in the 227 KB of sm_90 (one on sm_80's 164 KB).
+#if defined(PSA_FA2_TF32_MIN_BLOCKS)
+  static constexpr int kMinBlocks = kTf32 ? PSA_FA2_TF32_MIN_BLOCKS : 2;
+#else
   static constexpr int kMinBlocks = 2;
+#endif
 };
 
 // ---------------------------------------------------------------------------------------------
