@@ -133,6 +133,11 @@ def run_peer(name, case, mode, q, k, v, dout, ref, cfg):
     return row
 
 
+STEP_WARMUP = 20
+STEP_TARGET_S = 0.2
+STEP_REPEATS = 5
+
+
 def eager_step_row(case, qkv, H, dout, cfg):
     """Wall clock of a whole autograd step: ours vs SDPA auto vs the eager block."""
     res, notes = {}, []
@@ -145,12 +150,14 @@ def eager_step_row(case, qkv, H, dout, cfg):
                 q, k, v = split_views(leaf, H, case.dk, case.dv)
                 fn(q, k, v).backward(dout)
                 leaf.grad = None   # as optimizer.zero_grad() does
-            for _ in range(cfg.warmup):
+            # Host-bound at small shapes: a short loop would mostly time its first calls and
+            # the final sync, so every repeat runs at least STEP_TARGET_S of steps.
+            for _ in range(max(cfg.warmup, STEP_WARMUP)):
                 step()
             est = timing.host_time(step, case.device, 1)
-            n = timing.iters_for(est, cfg.target_s)
+            n = timing.iters_for(est, max(cfg.target_s, STEP_TARGET_S))
             res[name] = statistics.median(timing.host_time(step, case.device, n)
-                                          for _ in range(3)) * 1e6
+                                          for _ in range(STEP_REPEATS)) * 1e6
         except Exception as e:  # noqa: BLE001
             res[name] = None
             notes.append(f"{name}: {'OOM' if is_oom(e) else short_error(e)}")
