@@ -39,7 +39,13 @@ namespace flash_fwd_detail {
 // BH = 64 a 64-row tile gives 448 CTAs for 132 SMs (3.4 per SM) where 128 rows would give 256
 // (1.9 per SM, and a worse balance between SMs with 2 and with 1).
 // kBlockN is per instantiation (FwdTraits::kBlockN): 64 unless PSA_FA2_FWD_BLOCK_N says otherwise.
+// PSA_FA2_FWD_BLOCK_M=128 (an experiment, compile-time): 8 warps share each K/V tile, which
+// halves the K/V traffic per query row (bench/tune/tune_fwd.sh).
+#if defined(PSA_FA2_FWD_BLOCK_M)
+constexpr int kBlockM = PSA_FA2_FWD_BLOCK_M;
+#else
 constexpr int kBlockM = 64;
+#endif
 constexpr int kWarps = kBlockM / 16;
 constexpr int kThreads = kWarps * 32;
 
