@@ -29,10 +29,11 @@ def machine(device):
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        # A copy of the tree without .git (e.g. shipped to a GPU host) names its commit in
-        # PSA_FA2_COMMIT.
-        "commit": _git("rev-parse", "HEAD") or os.environ.get("PSA_FA2_COMMIT"),
-        "dirty": bool(_git("status", "--porcelain")) if _git("rev-parse", "HEAD") else None,
+        # A copy of the tree shipped to a GPU host may carry no .git, or a stale one: there
+        # PSA_FA2_COMMIT names the commit, and wins over what git says.
+        "commit": os.environ.get("PSA_FA2_COMMIT") or _git("rev-parse", "HEAD"),
+        "dirty": (None if os.environ.get("PSA_FA2_COMMIT") or not _git("rev-parse", "HEAD")
+                  else bool(_git("status", "--porcelain"))),
         "device": str(device),
     }
     if device.type == "cuda":
