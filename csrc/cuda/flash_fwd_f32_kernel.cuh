@@ -314,6 +314,26 @@ struct F32Traits {
                                      TransposeCopier<kDk, kBlockN, true, kQKPad>>;
   using VCopier = std::conditional_t<kCF, TransposeCopier<kBlockN, kDv, false>,
                                      DirectCopier<kBlockN, kDv, kVecBytes, false>>;
+  // Copier for each tile, built from the kernel parameters where it is used (they live in
+  // constant memory) rather than kept live across the main loop: registers are the tight
+  // resource. The copiers get the stride between tile rows; token n of a head sits at +n
+  // channel-first and at +n * stride_n token-major (token_stride).
+  __device__ __forceinline__ static QCopier q_copier(int tid, const FwdParams& p) {
+    return QCopier(tid, kCF ? p.q.stride_d : p.q.stride_n);
+  }
+  __device__ __forceinline__ static KCopier k_copier(int tid, const FwdParams& p) {
+    return KCopier(tid, kCF ? p.k.stride_d : p.k.stride_n);
+  }
+  __device__ __forceinline__ static VCopier v_copier(int tid, const FwdParams& p) {
+    return VCopier(tid, kCF ? p.v.stride_d : p.v.stride_n);
+  }
+  __device__ __forceinline__ static int64_t token_stride(const Strided4& s) {
+    return kCF ? 1 : s.stride_n;
+  }
+  // The (b, h) head of a [B, H, N, D] fp32 tensor.
+  __device__ __forceinline__ static const float* head(const Strided4& s, int b, int h) {
+    return static_cast<const float*>(s.ptr) + b * s.stride_b + h * s.stride_h;
+  }
   // 2 CTAs x 256 threads per SM (<= 128 registers); smem is <= 110 KB per CTA for every
   // instantiated head-dim pair, so two fit in the 227 KB of sm_90 (one on sm_80's 164 KB).
 #if defined(PSA_FA2_TF32_MIN_BLOCKS)
@@ -356,21 +376,15 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   const int h = bh % params.heads;
   const int m0 = blockIdx.x * kBlockM;
 
-  auto head_ptr = [&](const Strided4& s) {
-    return static_cast<const float*>(s.ptr) + b * s.stride_b + h * s.stride_h;
-  };
-  const float* const q_head = head_ptr(params.q);
-  const float* const k_head = head_ptr(params.k);
-  const float* const v_head = head_ptr(params.v);
-  // Token n of a head: +n channel-first, +n * stride_n token-major. The copiers get the other stride.
-  const int64_t q_ts = kCF ? 1 : params.q.stride_n;
-  const int64_t k_ts = kCF ? 1 : params.k.stride_n;
-  const int64_t v_ts = kCF ? 1 : params.v.stride_n;
-  // Copier state is rebuilt where it is used (from the kernel parameters, which live in constant
-  // memory) rather than kept live across the main loop: registers are the tight resource.
-  auto q_copier = [&] { return typename Tr::QCopier(tid, kCF ? params.q.stride_d : params.q.stride_n); };
-  auto k_copier = [&] { return typename Tr::KCopier(tid, kCF ? params.k.stride_d : params.k.stride_n); };
-  auto v_copier = [&] { return typename Tr::VCopier(tid, kCF ? params.v.stride_d : params.v.stride_n); };
+  const float* const q_head = Tr::head(params.q, b, h);
+  const float* const k_head = Tr::head(params.k, b, h);
+  const float* const v_head = Tr::head(params.v, b, h);
+  const int64_t q_ts = Tr::token_stride(params.q);
+  const int64_t k_ts = Tr::token_stride(params.k);
+  const int64_t v_ts = Tr::token_stride(params.v);
+  auto q_copier = [&] { return Tr::q_copier(tid, params); };
+  auto k_copier = [&] { return Tr::k_copier(tid, params); };
+  auto v_copier = [&] { return Tr::v_copier(tid, params); };
 
   const int n_tiles = (N + kBlockN - 1) / kBlockN;
 

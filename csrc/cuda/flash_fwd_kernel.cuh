@@ -28,6 +28,7 @@
 
 #include "attention_params.h"
 #include "launch_util.h"
+#include "mma_softmax.cuh"
 
 namespace psa_fa2 {
 namespace flash_fwd_detail {
@@ -150,13 +151,6 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-}
-
-// 2^x on the MUFU. ex2(-inf) = +0 and ex2(NaN) = NaN, which the softmax relies on.
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -520,52 +514,9 @@ __global__ void __launch_bounds__(kThreads,
       }
     }
 
-    // ---- Mask keys past N (last tile only): -inf before the max, so they get weight 0 ----
-    if (n0 + kBlockN > N) {
-#pragma unroll
-      for (int i = 0; i < kSTiles; ++i) {
-        const int col = n0 + i * 8 + 2 * t;
-        if (col >= N) s[i][0] = s[i][2] = -INFINITY;
-        if (col + 1 >= N) s[i][1] = s[i][3] = -INFINITY;
-      }
-    }
-
-    // ---- Online softmax, base 2 ----
-    // The max is taken on raw scores and scaled once (scale >= 0 is checked on the host), then
-    // each probability is one FFMA + one MUFU ex2: p = 2^(s * scale_log2 - m).
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kSTiles; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * r], s[i][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(row_max[r], mx * scale_log2);
-      // A row whose scores so far are all -inf would give (-inf) - (-inf) = NaN below; use 0 as
-      // the reference then, so such keys get weight 0 like in eager softmax. NaN scores are not
-      // affected (fmaxf skips them, ex2(NaN) stays NaN) and still poison the row as in eager.
-      const float m_ref = m_new == -INFINITY ? 0.f : m_new;
-      alpha[r] = ex2(row_max[r] - m_ref);  // 0 on the first tile (row_max = -inf)
-      row_max[r] = m_new;
-      const float neg_m = -m_ref;
-      float sum = 0.f;
-#pragma unroll
-      for (int i = 0; i < kSTiles; ++i) {
-        s[i][2 * r] = ex2(fmaf(s[i][2 * r], scale_log2, neg_m));
-        s[i][2 * r + 1] = ex2(fmaf(s[i][2 * r + 1], scale_log2, neg_m));
-        sum += s[i][2 * r] + s[i][2 * r + 1];
-      }
-      row_sum[r] = row_sum[r] * alpha[r] + sum;
-    }
-    // One rescale of the accumulator per tile.
-#pragma unroll
-    for (int i = 0; i < kOTiles; ++i) {
-      o[i][0] *= alpha[0];
-      o[i][1] *= alpha[0];
-      o[i][2] *= alpha[1];
-      o[i][3] *= alpha[1];
-    }
+    // ---- Keys past N -inf, then the online softmax (mma_softmax.cuh) ----
+    mma_softmax::mask_keys_from(s, n0, N, t);
+    mma_softmax::online_softmax_tile(s, row_max, row_sum, o, scale_log2);
 
     // V tile j landed (K/V of tile j+1 may be pending); the barrier publishes it to all warps.
     cp_async_wait<2>();

@@ -15,11 +15,12 @@
 //     2t, 2t+1 of rows g, g+8, and the A fragment of m16n8k8 wants k indices t, t+4. Since
 //     P V sums over keys, A's k index t is taken to be key 2t and t+4 key 2t+1, and the V
 //     fragment is read with the same order: b0 = V[key 2t][ch g], b1 = V[key 2t + 1][ch g].
-//   - The online softmax is the bf16 kernel's (rows g, g+8 per lane, max over the 4 lanes of
-//     a row), in base 2 with log2(e) folded into the scale.
+//   - The online softmax is the bf16 kernel's (mma_softmax.cuh: rows g, g+8 per lane, max
+//     over the 4 lanes of a row), in base 2 with log2(e) folded into the scale.
 #pragma once
 
 #include "flash_fwd_f32_kernel.cuh"
+#include "mma_softmax.cuh"
 
 namespace psa_fa2 {
 namespace flash_fwd_f32_detail {
@@ -74,18 +75,15 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   const int h = bh % params.heads;
   const int m0 = blockIdx.x * kBlockM;
 
-  auto head_ptr = [&](const Strided4& s) {
-    return static_cast<const float*>(s.ptr) + b * s.stride_b + h * s.stride_h;
-  };
-  const float* const q_head = head_ptr(params.q);
-  const float* const k_head = head_ptr(params.k);
-  const float* const v_head = head_ptr(params.v);
-  const int64_t q_ts = kCF ? 1 : params.q.stride_n;
-  const int64_t k_ts = kCF ? 1 : params.k.stride_n;
-  const int64_t v_ts = kCF ? 1 : params.v.stride_n;
-  auto q_copier = [&] { return typename Tr::QCopier(tid, kCF ? params.q.stride_d : params.q.stride_n); };
-  auto k_copier = [&] { return typename Tr::KCopier(tid, kCF ? params.k.stride_d : params.k.stride_n); };
-  auto v_copier = [&] { return typename Tr::VCopier(tid, kCF ? params.v.stride_d : params.v.stride_n); };
+  const float* const q_head = Tr::head(params.q, b, h);
+  const float* const k_head = Tr::head(params.k, b, h);
+  const float* const v_head = Tr::head(params.v, b, h);
+  const int64_t q_ts = Tr::token_stride(params.q);
+  const int64_t k_ts = Tr::token_stride(params.k);
+  const int64_t v_ts = Tr::token_stride(params.v);
+  auto q_copier = [&] { return Tr::q_copier(tid, params); };
+  auto k_copier = [&] { return Tr::k_copier(tid, params); };
+  auto v_copier = [&] { return Tr::v_copier(tid, params); };
   auto to_tf32 = [](float& x) { x = round_to_tf32(x); };
 
   const int n_tiles = (N + kBlockN - 1) / kBlockN;
@@ -138,48 +136,9 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
       for (int i = 0; i < kSTiles; ++i) mma_1688_tf32(s[i], a, lds_bits(k_lo + i * 8), lds_bits(k_hi + i * 8));
     }
 
-    // ---- Keys past N (last tile only): -inf, weight 0 ----
-    if (n0 + kBlockN > N) {
-#pragma unroll
-      for (int i = 0; i < kSTiles; ++i) {
-        const int col = n0 + i * 8 + 2 * t;
-        if (col >= N) s[i][0] = s[i][2] = -INFINITY;
-        if (col + 1 >= N) s[i][1] = s[i][3] = -INFINITY;
-      }
-    }
-
-    // ---- Online softmax, base 2 (max on raw scores, scaled once; scale >= 0) ----
-    float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kSTiles; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * r], s[i][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(row_max[r], mx * scale_log2);
-      // All scores so far -inf: 0 as the reference (weights 0, not NaN); NaN scores still
-      // poison the row as in eager.
-      const float m_ref = m_new == -INFINITY ? 0.f : m_new;
-      alpha[r] = fast_exp2(row_max[r] - m_ref);  // 0 on the first tile
-      row_max[r] = m_new;
-      const float neg_m = -m_ref;
-      float sum = 0.f;
-#pragma unroll
-      for (int i = 0; i < kSTiles; ++i) {
-        s[i][2 * r] = fast_exp2(fmaf(s[i][2 * r], scale_log2, neg_m));
-        s[i][2 * r + 1] = fast_exp2(fmaf(s[i][2 * r + 1], scale_log2, neg_m));
-        sum += s[i][2 * r] + s[i][2 * r + 1];
-      }
-      row_sum[r] = fmaf(row_sum[r], alpha[r], sum);
-    }
-#pragma unroll
-    for (int i = 0; i < kOTiles; ++i) {
-      o[i][0] *= alpha[0];
-      o[i][1] *= alpha[0];
-      o[i][2] *= alpha[1];
-      o[i][3] *= alpha[1];
-    }
+    // ---- Keys past N -inf, then the online softmax (mma_softmax.cuh) ----
+    mma_softmax::mask_keys_from(s, n0, N, t);
+    mma_softmax::online_softmax_tile(s, row_max, row_sum, o, scale_log2);
 
     // ---- O += P V (8-key block i of P is S tile i; key order 2t, 2t+1 <-> k t, t+4) ----
 #pragma unroll

@@ -1,0 +1,82 @@
+// The forward kernels' online softmax on a warp's score block held in mma accumulator
+// fragments: 16 query rows x (8 * kTiles) keys, lane (g = lane / 4, t = lane % 4) holding
+// s[i][0..1] = row g, keys 8i + 2t, 8i + 2t + 1 and s[i][2..3] = the same keys of row g + 8
+// (the C layout of mma.sync m16n8kK, whatever the input type). Shared by the bf16 / fp16
+// kernel (flash_fwd_kernel.cuh) and the TF32 one (flash_fwd_tf32_kernel.cuh).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+namespace psa_fa2 {
+namespace mma_softmax {
+
+// 2^x on the MUFU. ex2(-inf) = +0 and ex2(NaN) = NaN, which the softmax relies on.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Keys at or past n (the last tile of a sequence) get -inf before the max, so weight 0.
+template <int kTiles>
+__device__ __forceinline__ void mask_keys_from(float (&s)[kTiles][4], int n0, int n, int t) {
+  if (n0 + 8 * kTiles > n) {
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      const int col = n0 + i * 8 + 2 * t;
+      if (col >= n) s[i][0] = s[i][2] = -INFINITY;
+      if (col + 1 >= n) s[i][1] = s[i][3] = -INFINITY;
+    }
+  }
+}
+
+// One key tile of the online softmax, base 2: turns the raw scores s into probabilities
+// p = 2^(s * scale_log2 - m) against the updated running max m of each row (row_max, in
+// scaled log2 units), adds them to this lane's partial row sums (row_sum; the 4 lanes of a
+// row see the same max, so their partial sums are reduced once, at the end) and rescales
+// the output accumulator o (C fragments of 16 rows x 8 * kOTiles) by 2^(m_old - m_new).
+// The max is taken on raw scores and scaled once, which needs scale >= 0 (checked on the
+// host); each probability is then one FFMA + one MUFU ex2.
+template <int kTiles, int kOTiles>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[kTiles][4], float (&row_max)[2],
+                                                    float (&row_sum)[2], float (&o)[kOTiles][4],
+                                                    float scale_log2) {
+  float alpha[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * r], s[i][2 * r + 1]));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(row_max[r], mx * scale_log2);
+    // A row whose scores so far are all -inf would give (-inf) - (-inf) = NaN below; use 0 as
+    // the reference then, so such keys get weight 0 like in eager softmax. NaN scores are not
+    // affected (fmaxf skips them, ex2(NaN) stays NaN) and still poison the row as in eager.
+    const float m_ref = m_new == -INFINITY ? 0.f : m_new;
+    alpha[r] = ex2(row_max[r] - m_ref);  // 0 on the first tile (row_max = -inf)
+    row_max[r] = m_new;
+    const float neg_m = -m_ref;
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < kTiles; ++i) {
+      s[i][2 * r] = ex2(fmaf(s[i][2 * r], scale_log2, neg_m));
+      s[i][2 * r + 1] = ex2(fmaf(s[i][2 * r + 1], scale_log2, neg_m));
+      sum += s[i][2 * r] + s[i][2 * r + 1];
+    }
+    row_sum[r] = row_sum[r] * alpha[r] + sum;
+  }
+  // One rescale of the accumulator per tile.
+#pragma unroll
+  for (int i = 0; i < kOTiles; ++i) {
+    o[i][0] *= alpha[0];
+    o[i][1] *= alpha[0];
+    o[i][2] *= alpha[1];
+    o[i][3] *= alpha[1];
+  }
+}
+
+}  // namespace mma_softmax
+}  // namespace psa_fa2
