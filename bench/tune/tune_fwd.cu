@@ -1,14 +1,18 @@
-// Times compile-time variants of the fast forward kernel (tile sizes, CTAs per SM) at the
+// Times compile-time variants of the fast forward kernels (tile sizes, CTAs per SM) at the
 // PSA shapes, without torch: build one binary per variant (tune_fwd.sh) and compare.
+//   tune_fwd bf16   the bf16 tensor-core kernel (flash_fwd_kernel.cuh)
+//   tune_fwd tf32   the fp32 TF32 kernel (flash_fwd_tf32_kernel.cuh)
 // Prints "shape us TFLOP/s checksum"; the checksum of out must agree across variants.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "../../csrc/cuda/flash_fwd_kernel.cuh"
+#include "../../csrc/cuda/flash_fwd_tf32_kernel.cuh"
 
 using namespace psa_fa2;
 
@@ -21,61 +25,90 @@ using namespace psa_fa2;
     }                                                                         \
   } while (0)
 
+__device__ __host__ inline float to_float(float x) { return x; }
+__device__ __host__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class T> __device__ inline T from_float(float x);
+template <> __device__ inline float from_float<float>(float x) { return x; }
+template <> __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+
 // Deterministic values in [-2, 2): every variant sees the same inputs.
-__global__ void fill(__nv_bfloat16* x, size_t n) {
+template <class T>
+__global__ void fill(T* x, size_t n) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     uint32_t h = uint32_t(i) * 2654435761u ^ uint32_t(i >> 32) * 40503u;
     h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    x[i] = __float2bfloat16((h & 0xffff) / 16384.0f - 2.0f);
+    x[i] = from_float<T>((h & 0xffff) / 16384.0f - 2.0f);
   }
 }
 
-template <int kVec>
+// (32, 64) channel-first, the PSA views, through the launcher the extension dispatches to.
+template <class T, int kVec>
+void launch(const FwdParams& p) {
+  if constexpr (sizeof(T) == 2) {
+    launch_flash_fwd<DType::kBFloat16, 32, 64, Layout::kChannelFirst, kVec>(p, 0);
+  } else {
+    launch_flash_fwd_f32<32, 64, Layout::kChannelFirst, kVec, true>(p, 0);
+  }
+}
+
+template <class T, int kVec>
 void run(int B, int H, int N) {
   const int dk = 32, dv = 64, C = 2 * dk + dv;
   const size_t n_qkv = size_t(B) * H * C * N, n_out = size_t(B) * H * dv * N;
-  __nv_bfloat16 *qkv, *out;
+  T *qkv, *out;
   float* lse;
-  CHECK(cudaMalloc(&qkv, n_qkv * 2));
-  CHECK(cudaMalloc(&out, n_out * 2));
+  CHECK(cudaMalloc(&qkv, n_qkv * sizeof(T)));
+  CHECK(cudaMalloc(&out, n_out * sizeof(T)));
   CHECK(cudaMalloc(&lse, size_t(B) * H * N * 4));
   fill<<<1024, 256>>>(qkv, n_qkv);
   FwdParams p{};
-  auto view = [&](void* base, int64_t off, int64_t sh) {
-    return Strided4{static_cast<__nv_bfloat16*>(base) + off, sh * H, sh, 1, N};
-  };
+  auto view = [&](T* base, int64_t off, int64_t sh) { return Strided4{base + off, sh * H, sh, 1, N}; };
   p.q = view(qkv, 0, int64_t(C) * N);
   p.k = view(qkv, int64_t(dk) * N, int64_t(C) * N);
   p.v = view(qkv, int64_t(2 * dk) * N, int64_t(C) * N);
   p.out = view(out, 0, int64_t(dv) * N);
   p.lse = lse;
   p.batch = B; p.heads = H; p.seqlen = N; p.head_dim_qk = dk; p.head_dim_v = dv;
-  p.scale = 1.0 / 5.656854249492381; p.dtype = DType::kBFloat16; p.layout = Layout::kChannelFirst;
+  p.scale = 1.0 / 5.656854249492381;
+  p.dtype = sizeof(T) == 2 ? DType::kBFloat16 : DType::kFloat32;
+  p.layout = Layout::kChannelFirst;
+  p.allow_tf32 = true;
   cudaEvent_t t0, t1;
   CHECK(cudaEventCreate(&t0)); CHECK(cudaEventCreate(&t1));
-  for (int i = 0; i < 3; ++i) launch_flash_fwd<DType::kBFloat16, 32, 64, Layout::kChannelFirst, kVec>(p, 0);
+  for (int i = 0; i < 3; ++i) launch<T, kVec>(p);
   const int iters = 20;
   CHECK(cudaEventRecord(t0));
-  for (int i = 0; i < iters; ++i) launch_flash_fwd<DType::kBFloat16, 32, 64, Layout::kChannelFirst, kVec>(p, 0);
+  for (int i = 0; i < iters; ++i) launch<T, kVec>(p);
   CHECK(cudaEventRecord(t1));
   CHECK(cudaEventSynchronize(t1));
   CHECK(cudaGetLastError());
   float ms = 0;
   CHECK(cudaEventElapsedTime(&ms, t0, t1));
-  std::vector<__nv_bfloat16> h(n_out);
-  CHECK(cudaMemcpy(h.data(), out, n_out * 2, cudaMemcpyDeviceToHost));
+  std::vector<T> h(n_out);
+  CHECK(cudaMemcpy(h.data(), out, n_out * sizeof(T), cudaMemcpyDeviceToHost));
   double sum = 0;
-  for (size_t i = 0; i < n_out; i += 7) sum += double(__bfloat162float(h[i])) * double(i % 13 + 1);
+  for (size_t i = 0; i < n_out; i += 7) sum += double(to_float(h[i])) * double(i % 13 + 1);
   const double us = ms * 1e3 / iters, flops = 2.0 * B * H * double(N) * N * (dk + dv);
   std::printf("%dx%dx%d vec%d %10.1f us %7.1f TFLOP/s checksum %.6e\n", B, H, N, kVec, us, flops / us * 1e-6, sum);
   cudaFree(qkv); cudaFree(out); cudaFree(lse);
 }
 
-int main() {
-  run<16>(16, 4, 400);
-  run<16>(64, 4, 400);
-  run<16>(16, 4, 1600);
-  run<16>(8, 4, 6400);
-  run<8>(1, 2, 62500);
+// The access width the dispatch picks at each shape: 16 bytes, 8 for bf16 at N = 62500.
+template <class T>
+void run_shapes() {
+  run<T, 16>(16, 4, 400);
+  run<T, 16>(64, 4, 400);
+  run<T, 16>(16, 4, 1600);
+  run<T, 16>(8, 4, 6400);
+  run<T, sizeof(T) == 2 ? 8 : 16>(1, 2, 62500);
+}
+
+int main(int argc, char** argv) {
+  const bool tf32 = argc > 1 && std::strcmp(argv[1], "tf32") == 0;
+  if (argc > 1 && !tf32 && std::strcmp(argv[1], "bf16") != 0) {
+    std::fprintf(stderr, "usage: %s [bf16|tf32]\n", argv[0]);
+    return 2;
+  }
+  tf32 ? run_shapes<float>() : run_shapes<__nv_bfloat16>();
   return 0;
 }

@@ -281,7 +281,7 @@ struct F32Traits {
   // 64 keys per tile while the K/V stages stay small; 32 above dk + dv = 96, which keeps
   // (64, 64) and (64, 128) at two CTAs per SM (and the S micro-tile at 16 registers).
   // PSA_FA2_TF32_BLOCK_N / PSA_FA2_TF32_MIN_BLOCKS override the TF32 path's tile and CTAs per
-  // SM for experiments (bench/tune/tune_tf32.sh).
+  // SM for experiments (bench/tune/tune_fwd.sh tf32).
 #if defined(PSA_FA2_TF32_BLOCK_N)
   static constexpr int kBlockN = kTf32 ? PSA_FA2_TF32_BLOCK_N : ((kDk + kDv <= 96) ? 64 : 32);
 #else
