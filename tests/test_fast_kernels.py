@@ -40,18 +40,26 @@ def test_backward_fast(N, dk, dv, dtype, layout, deterministic):
     check_backward("cuda", "fast", N, dk, dv, dtype, layout, deterministic)
 
 
-@layouts
-@dtypes
-def test_deterministic_backward_is_bit_identical(layout, dtype):
-    _, q, k, v = make_qkv(2, 4, 1600, 32, 64, dtype, "cuda", layout)
-    out, lse = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
+def fast_backward(qkv, deterministic, scale=32 ** -0.5):
+    """A function running the fast backward of one fixed forward (random dout, kept as its
+    .dout) into fresh dq, dk, dv on each call."""
+    q, k, v = qkv
+    out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
     dout = torch.randn_like(out)
 
     def grads():
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.empty_like(v)
-        torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, 32 ** -0.5, dq, dk, dv, "fast", True)
+        torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, scale, dq, dk, dv, "fast", deterministic)
         return dq, dk, dv
 
+    grads.dout = dout
+    return grads
+
+
+@layouts
+@dtypes
+def test_deterministic_backward_is_bit_identical(layout, dtype):
+    grads = fast_backward(make_qkv(2, 4, 1600, 32, 64, dtype, "cuda", layout)[1:], True)
     first = grads()
     for _ in range(5):
         for a, b in zip(first, grads()):
@@ -163,15 +171,8 @@ def test_backward_fast_fp32_exact(N, dk, dv, layout):
 def test_fp32_backward_follows_the_precision_setting(layout):
     """"high" lets the fp32 backward's matmuls use TF32: the gradients move off the exact
     ones by TF32 rounding (more than the exact path's 1e-5), and no further (1e-2)."""
-    _, q, k, v = make_qkv(2, 4, 400, 32, 64, torch.float32, "cuda", layout)
-    out, lse = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
-    dout = torch.randn_like(out)
-
-    def grads():
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.empty_like(v)
-        torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, 32 ** -0.5, dq, dk, dv, "fast", False)
-        return dq, dk, dv
-
+    q, k, v = make_qkv(2, 4, 400, 32, 64, torch.float32, "cuda", layout)[1:]
+    grads = fast_backward((q, k, v), False)
     exact = grads()
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
@@ -179,7 +180,7 @@ def test_fp32_backward_follows_the_precision_setting(layout):
         tf32 = grads()
     finally:
         torch.set_float32_matmul_precision(previous)
-    (rq, rk, rv), _ = grads_reference(q, k, v, 32 ** -0.5, dout)
+    (rq, rk, rv), _ = grads_reference(q, k, v, 32 ** -0.5, grads.dout)
     for name, e, t, r in zip(("dq", "dk", "dv"), exact, tf32, (rq, rk, rv)):
         assert rel_err(e, r) <= 1e-5, name
         assert 1e-5 < rel_err(t, r) <= 1e-2, name
