@@ -155,11 +155,13 @@ inline AttnShape check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, c
   return s;
 }
 
-// Allocates a logical [B, H, N, D] tensor in the given layout.
+// Allocates a logical [B, H, N, D] tensor in the given layout (channel-first: the
+// transpose of a contiguous [B, H, D, N], made in one op).
 inline at::Tensor empty_in_layout(const AttnShape& s, int64_t d, Layout layout,
                                   const at::TensorOptions& options) {
   if (layout == Layout::kTokenMajor) return at::empty({s.batch, s.heads, s.seqlen, d}, options);
-  return at::empty({s.batch, s.heads, d, s.seqlen}, options).transpose(2, 3);
+  return at::empty_strided({s.batch, s.heads, s.seqlen, d},
+                           {s.heads * d * s.seqlen, d * s.seqlen, 1, s.seqlen}, options);
 }
 
 // For bwd(accumulate=False) where the kernel can only add: dq = dk = 0 first.

@@ -63,7 +63,7 @@ at::Tensor in_layout(const at::Tensor& t, Layout layout) {
 at::Tensor empty_like_in_layout(const at::Tensor& like, Layout layout) {
   const int64_t B = like.size(0), H = like.size(1), N = like.size(2), D = like.size(3);
   if (layout == Layout::kTokenMajor) return at::empty({B, H, N, D}, like.options());
-  return at::empty({B, H, D, N}, like.options()).transpose(2, 3);
+  return at::empty_strided({B, H, N, D}, {H * D * N, D * N, 1, N}, like.options());
 }
 
 Layout layout_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -139,12 +139,16 @@ struct SplitDims {
   int64_t channels() const { return 2 * dk + dv; }
 };
 
-// [B, H, N, D] views of q, k and v inside `base` ([B, H*(2dk+dv), ...] contiguous).
+// [B, H, N, D] views of q, k and v inside `base` ([B, H*(2dk+dv), ...] contiguous): one
+// as_strided each (view + narrow + transpose would be three ops, on the step's host path).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> split_views(const at::Tensor& base,
                                                            const SplitDims& d) {
-  const at::Tensor b = base.view({d.B, d.H, d.channels(), d.N});
-  return {tokens_by_dims(b.narrow(2, 0, d.dk)), tokens_by_dims(b.narrow(2, d.dk, d.dk)),
-          tokens_by_dims(b.narrow(2, 2 * d.dk, d.dv))};
+  const int64_t C = d.channels(), offset = base.storage_offset();
+  auto part = [&](int64_t channel0, int64_t channels) {
+    return base.as_strided({d.B, d.H, d.N, channels}, {d.H * C * d.N, C * d.N, 1, d.N},
+                           offset + channel0 * d.N);
+  };
+  return {part(0, d.dk), part(d.dk, d.dk), part(2 * d.dk, d.dv)};
 }
 
 // psa_attention on the split views of `base`, differentiable in `base` itself.
