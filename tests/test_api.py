@@ -76,13 +76,14 @@ def test_opcheck_fwd(device, layout, requires_grad):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("layout", ["channel_first", "token_major"])
-def test_opcheck_bwd(device, layout):
+@pytest.mark.parametrize("accumulate", [True, False])
+def test_opcheck_bwd(device, layout, accumulate):
     _, q, k, v = make_qkv(2, 2, 17, 8, 12, torch.float32, device, layout)
     out, lse = torch.ops.psa_fa2.fwd(q, k, v, 0.35)
     dout = torch.randn_like(out)
     dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.empty_like(v)
     torch.library.opcheck(torch.ops.psa_fa2.bwd.default,
-                          (dout, q, k, v, out, lse, 0.35, dq, dk, dv, "auto", False))
+                          (dout, q, k, v, out, lse, 0.35, dq, dk, dv, "auto", False, accumulate))
 
 
 def test_torch_compile_fullgraph():
