@@ -13,7 +13,7 @@
 //
 // Shared-memory tiles are stored in one canonical orientation whatever the global layout, every row
 // padded by kPad = 4 floats (keeps 16-byte alignment, and makes transposing 4-byte writes conflict
-// free, see TransposeCopier):
+// free, see TransposeCopier; the TF32 path pads Q and K rows by 8, see F32Traits::kQKPad):
 //   Q  [dk][kBlockM]   K [dk][kBlockN]   V [kBlockN][dv]   P (per warp) [kBlockN][16]
 // A tile whose unit-stride global dimension is the smem row (channel-first Q/K, token-major V) is
 // copied with cp.async of kVecBytes = 16 or 4 (the dispatch picks it from the real alignment);
