@@ -74,7 +74,8 @@ def nvidia_wheel_includes():
 
 
 def extension():
-    sources = ["csrc/ops.cpp", "csrc/psa_attention.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    sources = ["csrc/ops.cpp", "csrc/psa_attention.cpp", "csrc/blockwise_attention.cpp"]
+    sources += sorted(glob.glob("csrc/cpu/*.cpp"))
     define_macros = [
         ("PSA_FA2_VERSION", f'"{VERSION}"'),
         ("PSA_FA2_TORCH_VERSION", f'"{torch.__version__}"'),

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "../checks.h"
-#include "blockwise_bwd.h"
+#include "../blockwise_attention.h"
 #include "make_params.h"
 #include "launchers.h"
 
@@ -87,7 +87,7 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
   // follows PyTorch's fp32 matmul rule (TF32 unless "highest") by construction.
   if (q.scalar_type() == at::kFloat && impl != Impl::kReference) {
     if (!accumulate) zero_qk_grads(dq, dk);
-    blockwise_bwd(dout, q, k, v, out, lse, scale, dq, dk, dv);
+    blockwise_bwd(dout, q, k, v, out, lse, scale, dq, dk, dv, kBlockwiseElemsCuda);
     return;
   }
   at::Tensor delta = at::empty_like(lse);
