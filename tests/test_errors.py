@@ -119,3 +119,16 @@ def test_bad_backward_buffers(device):
         bwd(dv=torch.zeros(2, 2, 10, 8, device=device))
     with pytest.raises(RuntimeError, match=r"dv must have the dtype of q \(Float\), got Double"):
         bwd(dv=torch.zeros_like(v, dtype=torch.double))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("split", [True, False], ids=["split_views", "separate"])
+def test_double_backward_is_refused(device, split):
+    """No second derivative: create_graph=True through psa_attention raises instead of
+    handing back gradients that silently carry no graph."""
+    x = torch.randn(1, 2 * 32, 9, dtype=torch.float64, device=device, requires_grad=True)
+    views = x.view(1, 2, 32, 9).split([8, 8, 16], dim=2)
+    inputs = views if split else [t.detach().clone().requires_grad_() for t in views]
+    out = psa_fa2_ext.psa_attention(*inputs)
+    with pytest.raises(RuntimeError, match="create_graph=True"):
+        torch.autograd.grad(out.square().sum(), inputs[0] if not split else x, create_graph=True)
