@@ -116,6 +116,11 @@ def _fwd_setup_context(ctx, inputs, output):
 
 
 def _fwd_backward(ctx, dout, _dlse):
+    # bwd has no derivative: with create_graph=True its gradients would come back as
+    # constants and a second-order term silently vanish (psa_attention.cpp says the same).
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        raise RuntimeError("psa_fa2 attention's backward is not differentiable: create_graph=True "
+                           "(double backward) through it is not supported")
     q, k, v, out, lse = ctx.saved_tensors
     layout = _common_layout(q, k, v, out)
     dout = _to_layout(dout, layout)

@@ -132,3 +132,11 @@ def test_double_backward_is_refused(device, split):
     out = psa_fa2_ext.psa_attention(*inputs)
     with pytest.raises(RuntimeError, match="create_graph=True"):
         torch.autograd.grad(out.square().sum(), inputs[0] if not split else x, create_graph=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_double_backward_is_refused_token_major(device):
+    q = torch.randn(1, 2, 9, 8, dtype=torch.float64, device=device, requires_grad=True)
+    out = psa_fa2_ext.attention(q, q, q)
+    with pytest.raises(RuntimeError, match="create_graph=True"):
+        torch.autograd.grad(out.square().sum(), q, create_graph=True)
