@@ -1,7 +1,7 @@
 // See blockwise_attention.h. Per query block [i0, i1) of every (batch, head) at once:
 //   forward:   S = (scale q_i) k^T    m = rowmax(S)       P = exp(S - m)
 //              out_i = (P v) / rowsum(P)                  lse_i = m + log(rowsum(P))
-//   backward:  P  = exp(scale q_i k^T - lse_i)            dP = dout_i v^T
+//   backward:  P  = exp((scale q_i) k^T - lse_i)          dP = dout_i v^T
 //              dS = P * (dP - D_i),  D = rowsum(dout * out)
 //              dq_i += scale dS k     dk += scale dS^T q_i   dv += P^T dout_i
 #include "blockwise_attention.h"
@@ -72,7 +72,7 @@ void blockwise_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, const at::
   for (int64_t i0 = 0; i0 < N; i0 += block) {
     const int64_t len = std::min(block, N - i0);
     const at::Tensor q_i = q.narrow(2, i0, len), dout_i = dout.narrow(2, i0, len);
-    const at::Tensor p = at::exp(at::matmul(q_i, kt).mul_(scale).sub_(lse4.narrow(2, i0, len)));
+    const at::Tensor p = at::matmul(q_i * scale, kt).sub_(lse4.narrow(2, i0, len)).exp_();
     at::Tensor ds = at::matmul(dout_i, vt).sub_(delta.narrow(2, i0, len)).mul_(p);
     dq_acc.narrow(2, i0, len).add_(at::matmul(ds, k), scale);
     dk_acc.add_(at::matmul(ds.transpose(-2, -1), q_i), scale);
