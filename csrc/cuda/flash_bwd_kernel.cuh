@@ -33,6 +33,7 @@
 #include "attention_params.h"
 #include "launch_util.h"
 #include "flash_bwd_instances.h"
+#include "mma_softmax.cuh"
 
 namespace psa_fa2 {
 namespace fbwd {
@@ -135,11 +136,7 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
   mma16816(d, a, b0, b1, static_cast<T*>(nullptr));
 }
 
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+using mma_softmax::ex2;
 
 // Adds 4 contiguous floats (16-byte aligned). sm_90 has a vector reduction: one L2
 // transaction instead of four, which is what makes the dQ atomics cheap there.

@@ -25,13 +25,10 @@
 // mcol(tx, j) = 32 (j / 4) + 4 tx + j % 4 (W >= 32) or 2 tx + j (W = 16). Per k step it loads one
 // float4 of Q (or P) and W/32 float4 of K (or V): each LDS.128 touches <= 128 distinct bytes.
 //
-// Only CUDA headers and attention_params.h are included. PSA_FA2_F32_EMULATE (never defined in the
-// build) compiles this file as plain C++ against a host shim, to check the index math on a CPU.
+// Only CUDA headers and attention_params.h are included.
 #pragma once
 
-#ifndef PSA_FA2_F32_EMULATE
 #include <cuda_runtime.h>
-#endif
 
 #include <cstdint>
 #include <type_traits>
@@ -74,7 +71,7 @@ __device__ __forceinline__ void sts128(float* p, float4 v) { *reinterpret_cast<f
 // that sum, and flushing it (ex2.approx.ftz.f32) changes no output bit that matters. exp2f
 // semantics with PSA_FA2_F32_EXP2F=1. Both give 2^-inf = +0 and 2^NaN = NaN.
 __device__ __forceinline__ float fast_exp2(float x) {
-#if defined(PSA_FA2_F32_EMULATE) || (defined(PSA_FA2_F32_EXP2F) && PSA_FA2_F32_EXP2F)
+#if defined(PSA_FA2_F32_EXP2F) && PSA_FA2_F32_EXP2F
   return exp2f(x);
 #else
   float y;
@@ -88,9 +85,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
 template <int kBytes>
 __device__ __forceinline__ void cp_async(float* dst, const float* src, int src_bytes) {
   static_assert(kBytes == 16 || kBytes == 8 || kBytes == 4, "cp.async sizes");
-#ifdef PSA_FA2_F32_EMULATE
-  emu::cp_async(dst, src, kBytes, src_bytes);
-#else
   const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
   if constexpr (kBytes == 16) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
@@ -101,36 +95,25 @@ __device__ __forceinline__ void cp_async(float* dst, const float* src, int src_b
                  "n"(kBytes), "r"(src_bytes)
                  : "memory");
   }
-#endif
 }
 __device__ __forceinline__ void cp_async_commit() {
-#ifndef PSA_FA2_F32_EMULATE
   asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
 }
 __device__ __forceinline__ void cp_async_wait_all() {
-#ifndef PSA_FA2_F32_EMULATE
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
-#endif
 }
 
 // This CTA's (batch * heads + head) index. The epilogue re-reads it with opaque moves, so that
 // b and h are recomputed there rather than kept live (spilled) across the main loop.
 template <bool kOpaque>
 __device__ __forceinline__ int block_bh() {
-#ifdef PSA_FA2_F32_EMULATE
-  return blockIdx.y + blockIdx.z * gridDim.y;
-#else
   if constexpr (kOpaque) {
-    uint32_t y, z, ny;
+    uint32_t y;
     asm volatile("mov.u32 %0, %%ctaid.y;\n" : "=r"(y));
-    asm volatile("mov.u32 %0, %%ctaid.z;\n" : "=r"(z));
-    asm volatile("mov.u32 %0, %%nctaid.y;\n" : "=r"(ny));
-    return static_cast<int>(y + z * ny);
+    return static_cast<int>(y);
   } else {
-    return blockIdx.y + blockIdx.z * gridDim.y;  // z only when B*H > 65535
+    return blockIdx.y;
   }
-#endif
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -356,11 +339,7 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   constexpr int kTN = Tr::kTN;
   constexpr int kTV = Tr::kTV;
 
-#ifdef PSA_FA2_F32_EMULATE
-  float* smem = emu::shared_floats();
-#else
   extern __shared__ __align__(16) float smem[];
-#endif
   float* const sQ = smem + Tr::kQOff;
   float* const sK = smem + Tr::kKOff;
   float* const sV = smem + Tr::kVOff;
@@ -371,7 +350,6 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
 
   const int N = params.seqlen;
   const int bh = block_bh<false>();
-  if (bh >= params.batch * params.heads) return;
   const int b = bh / params.heads;
   const int h = bh % params.heads;
   const int m0 = blockIdx.x * kBlockM;
@@ -586,7 +564,6 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   }
 }
 
-#ifndef PSA_FA2_F32_EMULATE
 // Defined in flash_fwd_tf32_kernel.cuh, which only the _tf32 instantiation files include.
 template <int kDk, int kDv, Layout kLayout, int kVecBytes>
 __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBytes, true>::kMinBlocks))
@@ -609,24 +586,17 @@ void launch(const FwdParams& params, cudaStream_t stream) {
   }();
   constexpr int smem = Tr::kSmemBytes;
   if constexpr (smem > 48 * 1024) allow_dynamic_smem_once<kernel>(smem);
-  constexpr int kMaxGridY = 65535;
-  const int grid_y = bh < kMaxGridY ? bh : kMaxGridY;
-  const dim3 grid((params.seqlen + kBlockM - 1) / kBlockM, grid_y, (bh + grid_y - 1) / grid_y);
-  const float scale_log2 = static_cast<float>(params.scale * 1.4426950408889634);
-  kernel<<<grid, kThreads, smem, stream>>>(params, scale_log2);
+  kernel<<<row_tile_grid(params.seqlen, kBlockM, bh), kThreads, smem, stream>>>(
+      params, softmax_scale_log2(params.scale));
 }
-
-#endif  // PSA_FA2_F32_EMULATE
 
 }  // namespace flash_fwd_f32_detail
 
-#ifndef PSA_FA2_F32_EMULATE
 // Explicitly instantiated in the generated flash_fwd_f32_*.cu files, declared in
 // flash_fwd_f32_dispatch.cu. The caller checks for launch errors (cudaGetLastError).
 template <int kDk, int kDv, Layout kLayout, int kVecBytes, bool kTf32>
 void launch_flash_fwd_f32(const FwdParams& params, cudaStream_t stream) {
   flash_fwd_f32_detail::launch<kDk, kDv, kLayout, kVecBytes, kTf32>(params, stream);
 }
-#endif
 
 }  // namespace psa_fa2

@@ -392,8 +392,7 @@ __global__ void __launch_bounds__(kThreads,
   const int lr = lane % 8;  // which row of it
 
   const int N = params.seqlen;
-  const int bh = blockIdx.y + blockIdx.z * gridDim.y;  // z only when B*H > 65535
-  if (bh >= params.batch * params.heads) return;
+  const int bh = blockIdx.y;
   const int b = bh / params.heads;
   const int h = bh % params.heads;
   const int m0 = blockIdx.x * kBlockM;
@@ -697,11 +696,8 @@ void launch(const FwdParams& params, cudaStream_t stream) {
   constexpr auto kernel = flash_fwd_kernel<kDtype, kDk, kDv, kLayout, kVecBytes>;
   constexpr int smem = Tr::kSmemBytes;
   if constexpr (smem > 48 * 1024) allow_dynamic_smem_once<kernel>(smem);
-  constexpr int kMaxGridY = 65535;
-  const int grid_y = bh < kMaxGridY ? bh : kMaxGridY;
-  const dim3 grid((params.seqlen + kBlockM - 1) / kBlockM, grid_y, (bh + grid_y - 1) / grid_y);
-  const float scale_log2 = static_cast<float>(params.scale * 1.4426950408889634);
-  kernel<<<grid, kThreads, smem, stream>>>(params, scale_log2);
+  kernel<<<row_tile_grid(params.seqlen, kBlockM, bh), kThreads, smem, stream>>>(
+      params, softmax_scale_log2(params.scale));
 }
 
 }  // namespace flash_fwd_detail

@@ -70,7 +70,6 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
 
   const int N = params.seqlen;
   const int bh = block_bh<false>();
-  if (bh >= params.batch * params.heads) return;
   const int b = bh / params.heads;
   const int h = bh % params.heads;
   const int m0 = blockIdx.x * kBlockM;

@@ -23,4 +23,13 @@ inline void allow_dynamic_smem_once(size_t bytes) {
   if (device < kMaxDevices) done[device].store(true, std::memory_order_release);
 }
 
+// Grid of the row-tile kernels: (ceil(N / rows_per_cta), B * H). B * H fits the grid's y
+// dimension because check_fwd_inputs admits at most 65535.
+inline dim3 row_tile_grid(int seqlen, int rows_per_cta, int batch_heads) {
+  return dim3((seqlen + rows_per_cta - 1) / rows_per_cta, batch_heads);
+}
+
+// The softmax scale with log2(e) folded in: the kernels' exponentials are base 2.
+inline float softmax_scale_log2(double scale) { return static_cast<float>(scale * 1.4426950408889634); }
+
 }  // namespace psa_fa2

@@ -12,7 +12,8 @@
 namespace psa_fa2 {
 namespace mma_softmax {
 
-// 2^x on the MUFU. ex2(-inf) = +0 and ex2(NaN) = NaN, which the softmax relies on.
+// 2^x on the MUFU. ex2(-inf) = +0 and ex2(NaN) = NaN, which the softmax relies on. The
+// backward kernel recomputes its probabilities with it too.
 __device__ __forceinline__ float ex2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
