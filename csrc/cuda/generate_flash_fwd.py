@@ -12,7 +12,7 @@ The generated files are committed; rerun after editing HEAD_DIMS / DTYPES / LAYO
 
 import pathlib
 
-from generator_util import remove_stale
+from generator_util import forward_instances_header, forward_unit, remove_stale
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -53,44 +53,15 @@ def targs(dtype, dk, dv, layout, vec):
 def main():
     written = []
     for name, dtype, dk, dv, layout, widths in files():
-        path = HERE / name
-        path.write_text(
-            BANNER
-            + '#include "flash_fwd_kernel.cuh"\n\n'
-            + "namespace psa_fa2 {\n"
-            + "".join(
-                f"template void launch_flash_fwd<{targs(dtype, dk, dv, layout, vec)}>(\n"
-                "    const FwdParams&, cudaStream_t);\n"
-                for vec in widths
-            )
-            + "}  // namespace psa_fa2\n"
-        )
-        written.append(path.name)
+        targs_list = [targs(dtype, dk, dv, layout, vec) for vec in widths]
+        unit = forward_unit(BANNER, "flash_fwd_kernel.cuh", "launch_flash_fwd", targs_list)
+        (HERE / name).write_text(unit)
+        written.append(name)
 
-    lines = [
-        BANNER,
-        "// Declarations of the fast forward instantiations and the list the dispatch walks.\n",
-        "#pragma once\n\n",
-        "#include <cuda_runtime.h>\n\n",
-        '#include "attention_params.h"\n\n',
-        "namespace psa_fa2 {\n\n",
-        "template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>\n",
-        "void launch_flash_fwd(const FwdParams& params, cudaStream_t stream);\n\n",
-    ]
-    for inst in instances():
-        lines.append(
-            f"extern template void launch_flash_fwd<{targs(*inst)}>(\n"
-            "    const FwdParams&, cudaStream_t);\n"
-        )
-    lines.append("\n}  // namespace psa_fa2\n\n")
-    lines.append("// X(dtype, dk, dv, layout, vec_bytes) for every instantiation above.\n")
-    lines.append("#define PSA_FA2_FLASH_FWD_INSTANCES(X) \\\n")
-    entries = [
-        f"  X({dtype}, {dk}, {dv}, {layout}, {vec})"
-        for dtype, dk, dv, layout, vec in instances()
-    ]
-    lines.append(" \\\n".join(entries) + "\n")
-    (HERE / "flash_fwd_instances.h").write_text("".join(lines))
+    (HERE / "flash_fwd_instances.h").write_text(forward_instances_header(
+        BANNER, "fast forward", "DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes",
+        "launch_flash_fwd", [targs(*inst) for inst in instances()], "PSA_FA2_FLASH_FWD_INSTANCES",
+        "dtype, dk, dv, layout, vec_bytes", [", ".join(map(str, inst)) for inst in instances()]))
     written.append("flash_fwd_instances.h")
 
     # Remove instantiations that are no longer listed, so setup.py's glob does not build them.

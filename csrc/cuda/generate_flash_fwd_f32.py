@@ -11,7 +11,7 @@ The generated files are committed; rerun after editing HEAD_DIMS / LAYOUTS / VAR
 
 import pathlib
 
-from generator_util import remove_stale
+from generator_util import forward_instances_header, forward_unit, remove_stale
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -47,42 +47,15 @@ def targs(dk, dv, layout, vec, tf32):
 def main():
     written = []
     for name, dk, dv, layout, tf32, header in files():
-        (HERE / name).write_text(
-            BANNER
-            + f'#include "{header}"\n\n'
-            + "namespace psa_fa2 {\n"
-            + "".join(
-                f"template void launch_flash_fwd_f32<{targs(dk, dv, layout, vec, tf32)}>(\n"
-                "    const FwdParams&, cudaStream_t);\n"
-                for vec in WIDTHS
-            )
-            + "}  // namespace psa_fa2\n"
-        )
+        targs_list = [targs(dk, dv, layout, vec, tf32) for vec in WIDTHS]
+        (HERE / name).write_text(forward_unit(BANNER, header, "launch_flash_fwd_f32", targs_list))
         written.append(name)
 
-    lines = [
-        BANNER,
-        "// Declarations of the float32 forward instantiations and the list the dispatch walks.\n",
-        "#pragma once\n\n",
-        "#include <cuda_runtime.h>\n\n",
-        '#include "attention_params.h"\n\n',
-        "namespace psa_fa2 {\n\n",
-        "template <int kDk, int kDv, Layout kLayout, int kVecBytes, bool kTf32>\n",
-        "void launch_flash_fwd_f32(const FwdParams& params, cudaStream_t stream);\n\n",
-    ]
-    for inst in instances():
-        lines.append(
-            f"extern template void launch_flash_fwd_f32<{targs(*inst)}>(\n"
-            "    const FwdParams&, cudaStream_t);\n"
-        )
-    lines.append("\n}  // namespace psa_fa2\n\n")
-    lines.append("// X(dk, dv, layout, vec_bytes, tf32) for every instantiation above.\n")
-    lines.append("#define PSA_FA2_FLASH_FWD_F32_INSTANCES(X) \\\n")
-    lines.append(
-        " \\\n".join(f"  X({dk}, {dv}, {layout}, {vec}, {tf32})" for dk, dv, layout, vec, tf32 in instances())
-        + "\n"
-    )
-    (HERE / "flash_fwd_f32_instances.h").write_text("".join(lines))
+    (HERE / "flash_fwd_f32_instances.h").write_text(forward_instances_header(
+        BANNER, "float32 forward", "int kDk, int kDv, Layout kLayout, int kVecBytes, bool kTf32",
+        "launch_flash_fwd_f32", [targs(*inst) for inst in instances()],
+        "PSA_FA2_FLASH_FWD_F32_INSTANCES", "dk, dv, layout, vec_bytes, tf32",
+        [", ".join(map(str, inst)) for inst in instances()]))
     written.append("flash_fwd_f32_instances.h")
 
     # Remove instantiations that are no longer listed, so setup.py's glob does not build them.
