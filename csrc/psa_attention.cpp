@@ -61,11 +61,12 @@ at::Tensor in_layout(const at::Tensor& t, Layout layout) {
 }
 
 at::Tensor empty_like_in_layout(const at::Tensor& like, Layout layout) {
-  const int64_t B = like.size(0), H = like.size(1), N = like.size(2), D = like.size(3);
-  if (layout == Layout::kTokenMajor) return at::empty({B, H, N, D}, like.options());
-  return at::empty_strided({B, H, N, D}, {H * D * N, D * N, 1, N}, like.options());
+  const AttnShape s{like.size(0), like.size(1), like.size(2), like.size(3), like.size(3), layout};
+  return empty_in_layout(s, like.size(3), layout, like.options());
 }
 
+// Token-major when q, k and v all are, else channel-first: the layout operator_inputs
+// puts them in.
 Layout layout_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   if (is_token_major(q) && is_token_major(k) && is_token_major(v)) return Layout::kTokenMajor;
   return Layout::kChannelFirst;
@@ -80,26 +81,18 @@ at::Tensor block_output(const at::Tensor& out) {
   return tokens_by_dims(out).contiguous().detach();
 }
 
-struct Inputs {
-  at::Tensor q, k, v;  // [B, H, N, D], one layout
-  Layout layout;
-};
-
-// q, k, v ([B, H, D, N]) as [B, H, N, D] views in one layout; copies only when the three
-// share none.
-Inputs operator_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  Inputs in{tokens_by_dims(q), tokens_by_dims(k), tokens_by_dims(v), Layout::kChannelFirst};
-  const bool token_major = is_token_major(in.q) && is_token_major(in.k) && is_token_major(in.v);
-  const bool channel_first =
-      is_channel_first(in.q) && is_channel_first(in.k) && is_channel_first(in.v);
-  if (token_major) {
-    in.layout = Layout::kTokenMajor;
-  } else if (!channel_first) {
-    in.q = in_layout(in.q, Layout::kChannelFirst);
-    in.k = in_layout(in.k, Layout::kChannelFirst);
-    in.v = in_layout(in.v, Layout::kChannelFirst);
+// q, k, v ([B, H, D, N]) as [B, H, N, D] views in one layout (token-major when all three
+// allow it, else channel-first); copies only when the three share none.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> operator_inputs(const at::Tensor& q,
+                                                               const at::Tensor& k,
+                                                               const at::Tensor& v) {
+  at::Tensor qt = tokens_by_dims(q), kt = tokens_by_dims(k), vt = tokens_by_dims(v);
+  if (layout_of(qt, kt, vt) == Layout::kChannelFirst) {
+    qt = in_layout(qt, Layout::kChannelFirst);
+    kt = in_layout(kt, Layout::kChannelFirst);
+    vt = in_layout(vt, Layout::kChannelFirst);
   }
-  return in;
+  return {qt, kt, vt};
 }
 
 // The backward ops have no derivative of their own: with create_graph=True the gradients
@@ -120,9 +113,9 @@ void check_block_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tens
 struct SeparateQKV : public torch::autograd::Function<SeparateQKV> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, double scale, const std::string& impl) {
-    const Inputs in = operator_inputs(q, k, v);
-    auto [out, lse] = call_fwd(in.q, in.k, in.v, scale, impl);
-    ctx->save_for_backward({in.q, in.k, in.v, out, lse});
+    auto [qt, kt, vt] = operator_inputs(q, k, v);
+    auto [out, lse] = call_fwd(qt, kt, vt, scale, impl);
+    ctx->save_for_backward({qt, kt, vt, out, lse});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["impl"] = impl;
     return block_output(out);
@@ -230,8 +223,8 @@ at::Tensor psa_attention_autograd(const at::Tensor& q, const at::Tensor& k, cons
 at::Tensor psa_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  double scale, c10::string_view impl) {
   check_block_inputs(q, k, v);
-  const Inputs in = operator_inputs(q, k, v);
-  return block_output(std::get<0>(call_fwd(in.q, in.k, in.v, scale, std::string(impl))));
+  auto [qt, kt, vt] = operator_inputs(q, k, v);
+  return block_output(std::get<0>(call_fwd(qt, kt, vt, scale, std::string(impl))));
 }
 
 }  // namespace
