@@ -21,10 +21,6 @@ int64_t rows_per_block(const at::Tensor& q, int64_t block_elems) {
   return std::clamp<int64_t>(block_elems / bhn, 1, std::max<int64_t>(q.size(2), 1));
 }
 
-at::Tensor to_dtype(const at::Tensor& t, at::ScalarType dtype) {
-  return t.scalar_type() == dtype ? t : t.to(dtype);
-}
-
 }  // namespace
 
 void blockwise_fwd(const at::Tensor& q_in, const at::Tensor& k_in, const at::Tensor& v_in,
@@ -32,7 +28,7 @@ void blockwise_fwd(const at::Tensor& q_in, const at::Tensor& k_in, const at::Ten
   // The intermediates are this kernel's own, never part of an autograd graph.
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   const auto acc = accumulate_dtype(q_in.scalar_type());
-  const at::Tensor q = to_dtype(q_in, acc), k = to_dtype(k_in, acc), v = to_dtype(v_in, acc);
+  const at::Tensor q = q_in.to(acc), k = k_in.to(acc), v = v_in.to(acc);
   const int64_t N = q.size(2), block = rows_per_block(q, block_elems);
   const at::Tensor kt = k.transpose(-2, -1);
   const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -57,10 +53,10 @@ void blockwise_bwd(const at::Tensor& dout_in, const at::Tensor& q_in, const at::
                    int64_t block_elems) {
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   const auto acc = accumulate_dtype(q_in.scalar_type());
-  const at::Tensor q = to_dtype(q_in, acc), k = to_dtype(k_in, acc), v = to_dtype(v_in, acc);
-  const at::Tensor dout = to_dtype(dout_in, acc);
+  const at::Tensor q = q_in.to(acc), k = k_in.to(acc), v = v_in.to(acc);
+  const at::Tensor dout = dout_in.to(acc);
   const int64_t N = q.size(2), block = rows_per_block(q, block_elems);
-  const at::Tensor delta = (dout * to_dtype(out, acc)).sum(-1, /*keepdim=*/true);  // [B, H, N, 1]
+  const at::Tensor delta = (dout * out.to(acc)).sum(-1, /*keepdim=*/true);  // [B, H, N, 1]
   const at::Tensor kt = k.transpose(-2, -1), vt = v.transpose(-2, -1);
   const at::Tensor lse4 = lse.unsqueeze(-1);
   // Gradients sum over blocks in the accumulation type: in dq / dk / dv themselves when
