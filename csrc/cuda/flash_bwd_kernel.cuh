@@ -334,6 +334,32 @@ __device__ __forceinline__ void store_tile(const float* s, T* g, int64_t pitch, 
   }
 }
 
+// acc (16 x kBM per warp) += own rows [wrow, wrow + 16) . streamed tile^T, reduced over kD
+// channels; B fragments are the streamed tile's [tok][d] (pairs along d). The owned A
+// fragments come from registers (kOwnInRegs: a_regs, kD / 16 blocks) or shared memory.
+template <typename T, class Own, class Str, bool kTM, int kD, int kBM, bool kOwnInRegs, int kRegBlocks>
+__device__ __forceinline__ void own_times_streamed(float (&acc)[kBM / 8][4],
+                                                   const uint32_t (&a_regs)[kRegBlocks][4],
+                                                   const T* s_own, const T* s_str, int wrow) {
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    uint32_t a[4];
+    if constexpr (kOwnInRegs) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[e] = a_regs[kk][e];
+    } else {
+      ldsm_tok_d<Own, kTM>(s_own, wrow, kk * 16, a);
+    }
+#pragma unroll
+    for (int np = 0; np < kBM / 16; ++np) {
+      uint32_t bf[4];
+      ldsm_tok_d<Str, kTM>(s_str, np * 16, kk * 16, bf);
+      mma<T>(acc[2 * np], a, bf[0], bf[2]);
+      mma<T>(acc[2 * np + 1], a, bf[1], bf[3]);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // Tile configuration
 // ---------------------------------------------------------------------------------------
@@ -519,42 +545,9 @@ __device__ __forceinline__ void owner_pass(const BwdParams& p, char* smem, int b
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[i][e] = dp[i][e] = 0.f;
 
-    // S = ownA . strA^T: reduction over channels, B = strA[tok][d] (pairs along d).
-#pragma unroll
-    for (int kk = 0; kk < kDQK / 16; ++kk) {
-      uint32_t a[4];
-      if constexpr (C::kOwnInRegs) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) a[e] = aOwnA[kk][e];
-      } else {
-        ldsm_tok_d<OwnA, kTM>(sOwnA, wrow, kk * 16, a);
-      }
-#pragma unroll
-      for (int np = 0; np < BM / 16; ++np) {
-        uint32_t bf[4];
-        ldsm_tok_d<StrA, kTM>(sA, np * 16, kk * 16, bf);
-        mma<T>(s[2 * np], a, bf[0], bf[2]);
-        mma<T>(s[2 * np + 1], a, bf[1], bf[3]);
-      }
-    }
-    // dP = ownB . strB^T
-#pragma unroll
-    for (int kk = 0; kk < kDV / 16; ++kk) {
-      uint32_t a[4];
-      if constexpr (C::kOwnInRegs) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) a[e] = aOwnB[kk][e];
-      } else {
-        ldsm_tok_d<OwnB, kTM>(sOwnB, wrow, kk * 16, a);
-      }
-#pragma unroll
-      for (int np = 0; np < BM / 16; ++np) {
-        uint32_t bf[4];
-        ldsm_tok_d<StrB, kTM>(sB, np * 16, kk * 16, bf);
-        mma<T>(dp[2 * np], a, bf[0], bf[2]);
-        mma<T>(dp[2 * np + 1], a, bf[1], bf[3]);
-      }
-    }
+    // S = ownA . strA^T and dP = ownB . strB^T: reductions over channels.
+    own_times_streamed<T, OwnA, StrA, kTM, kDQK, BM, C::kOwnInRegs>(s, aOwnA, sOwnA, sA, wrow);
+    own_times_streamed<T, OwnB, StrB, kTM, kDV, BM, C::kOwnInRegs>(dp, aOwnB, sOwnB, sB, wrow);
 
     // P and dS. Zero-filled out-of-range rows give S = 0, whose exp could overflow for
     // extreme lse; masking P by select keeps every value finite.
