@@ -2,7 +2,8 @@
 a CPU-only one otherwise.
 
 Environment:
-  TORCH_CUDA_ARCH_LIST  archs to build (default: the visible GPU's, else "8.0;9.0")
+  TORCH_CUDA_ARCH_LIST  archs to build (default: the visible GPU's, else "8.0;9.0a"; a Hopper
+                        GPU's 9.0 becomes 9.0a, which the wgmma forward kernel needs)
   CUDA_HOME             CUDA toolkit (default: /usr/local/cuda when it has nvcc)
   MAX_JOBS              parallel compile jobs (ninja)
   PSA_FA2_FORCE_CPU=1   build the CPU-only extension even where CUDA is available
@@ -52,10 +53,11 @@ def cuda_arch_list():
     if not archs:
         if torch.cuda.is_available():
             major, minor = torch.cuda.get_device_capability()
-            archs = f"{major}.{minor}"
+            # sm_90a code (wgmma) runs on exactly compute capability 9.0, every Hopper GPU.
+            archs = f"{major}.{minor}" + ("a" if (major, minor) == (9, 0) else "")
         else:
-            # No GPU to ask: Ampere (sm_80, the oldest we support) and Hopper (sm_90).
-            archs = "8.0;9.0"
+            # No GPU to ask: Ampere (sm_80, the oldest we support) and Hopper (sm_90a).
+            archs = "8.0;9.0a"
         os.environ["TORCH_CUDA_ARCH_LIST"] = archs
     return archs
 
@@ -87,6 +89,9 @@ def extension():
     archs = cuda_arch_list()
     sources += sorted(glob.glob("csrc/cuda/*.cpp")) + sorted(glob.glob("csrc/cuda/*.cu"))
     define_macros += [("PSA_FA2_WITH_CUDA", None), ("PSA_FA2_CUDA_ARCHS", f'"{archs}"')]
+    if any(a.split("+")[0] == "9.0a" for a in archs.replace(" ", ";").split(";")):
+        # The Hopper kernels are built (their bodies exist in the sm_90a code only).
+        define_macros.append(("PSA_FA2_WITH_SM90A", None))
     # Only the .cpp bindings include torch's CUDA headers; the .cu kernels need none.
     cxx_flags += [f"-idirafter{d}" for d in nvidia_wheel_includes()]
     nvcc_flags = [

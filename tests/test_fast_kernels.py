@@ -31,6 +31,30 @@ def test_forward_fast(N, dk, dv, dtype, layout):
     check_forward("cuda", "fast", N, dk, dv, dtype, layout)
 
 
+def on_hopper():
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
+def test_hopper_builds_run_the_wgmma_forward():
+    """On compute capability 9.0 the default build (9.0 -> 9.0a) has the wgmma forward: a
+    build that lost it would silently run the slower mma.sync kernel."""
+    if not on_hopper():
+        pytest.skip("needs a compute capability 9.0 (Hopper) GPU")
+    assert "flash_fwd_sm90" in psa_fa2_ext.build_info()["cuda_kernels"]
+
+
+@pytest.mark.parametrize("N", FAST_SEQLENS)
+@layouts
+@dtypes
+def test_forward_fast_mma_sync_on_hopper(N, dtype, layout, monkeypatch):
+    """(32, 64) runs the wgmma kernel on Hopper; PSA_FA2_DISABLE_SM90=1 selects the mma.sync
+    kernel that Ampere runs, which must stay correct there too."""
+    if not on_hopper():
+        pytest.skip("test_forward_fast already covers the mma.sync kernel off Hopper")
+    monkeypatch.setenv("PSA_FA2_DISABLE_SM90", "1")
+    check_forward("cuda", "fast", N, 32, 64, dtype, layout)
+
+
 @pytest.mark.parametrize("N", FAST_SEQLENS)
 @dims
 @layouts

@@ -19,8 +19,12 @@
 namespace psa_fa2 {
 
 std::vector<std::string> compiled_cuda_kernels() {
-  return {"reference_fwd", "reference_bwd", "flash_fwd", "flash_fwd_f32", "flash_bwd",
-          "blockwise_bwd_f32"};
+  std::vector<std::string> kernels = {"reference_fwd", "reference_bwd", "flash_fwd",
+                                      "flash_fwd_f32", "flash_bwd",    "blockwise_bwd_f32"};
+#if defined(PSA_FA2_WITH_SM90A)
+  kernels.push_back("flash_fwd_sm90");  // wgmma, runs on compute capability 9.0 devices
+#endif
+  return kernels;
 }
 
 namespace {

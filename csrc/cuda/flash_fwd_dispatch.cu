@@ -1,7 +1,17 @@
 // Dispatch of the fast tensor-core forward: picks the instantiation for (dtype, dk, dv, layout,
 // global access width) and checks the assumptions of flash_fwd_kernel.cuh. Anything not covered returns
 // false from flash_fwd_supported, and the caller falls back to reference_fwd.
+//
+// On Hopper (compute capability 9.0) the wgmma kernel (flash_fwd_sm90_kernel.cuh) runs where it
+// has an instantiation, when the extension was built for sm_90a (PSA_FA2_WITH_SM90A, set by
+// setup.py) and PSA_FA2_DISABLE_SM90 is not 1; the mma.sync kernel everywhere else. Both compute
+// the same math in fp32 on the same bf16 / fp16 probabilities; only the tensor-core summation
+// order differs.
+#include <cstdlib>
+#include <cstring>
+
 #include "flash_fwd_instances.h"
+#include "flash_fwd_sm90_instances.h"
 #include "fwd_dispatch_common.h"
 #include "launchers.h"
 
@@ -10,14 +20,50 @@ namespace {
 
 using Launcher = void (*)(const FwdParams&, cudaStream_t);
 
-Launcher find_launcher(const FwdParams& p, int vec_bytes) {
+// X(...) of the instances headers: the launcher of one instantiation, if it matches.
 #define PSA_FA2_MATCH(dt, dk, dv, lay, vec)                                         \
   if (p.dtype == DType::dt && p.head_dim_qk == dk && p.head_dim_v == dv &&          \
       p.layout == Layout::lay && vec_bytes == vec)                                  \
-    return &launch_flash_fwd<DType::dt, dk, dv, Layout::lay, vec>;
+    return &PSA_FA2_LAUNCHER<DType::dt, dk, dv, Layout::lay, vec>;
+
+Launcher find_launcher(const FwdParams& p, int vec_bytes) {
+#define PSA_FA2_LAUNCHER launch_flash_fwd
   PSA_FA2_FLASH_FWD_INSTANCES(PSA_FA2_MATCH)
-#undef PSA_FA2_MATCH
+#undef PSA_FA2_LAUNCHER
   return nullptr;
+}
+
+Launcher find_sm90_launcher(const FwdParams& p, int vec_bytes) {
+#define PSA_FA2_LAUNCHER launch_flash_fwd_sm90
+  PSA_FA2_FLASH_FWD_SM90_INSTANCES(PSA_FA2_MATCH)
+#undef PSA_FA2_LAUNCHER
+  return nullptr;
+}
+
+#undef PSA_FA2_MATCH
+
+// The current device is a Hopper GPU that the sm_90a code of this build runs on.
+bool on_sm90a_device() {
+#if defined(PSA_FA2_WITH_SM90A)
+  constexpr int kMaxDevices = 64;
+  static signed char cached[kMaxDevices];  // 0 unknown, 1 yes, -1 no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (device < kMaxDevices && cached[device] != 0) return cached[device] > 0;
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  const bool yes = major == 9 && minor == 0;
+  if (device < kMaxDevices) cached[device] = yes ? 1 : -1;
+  return yes;
+#else
+  return false;
+#endif
+}
+
+bool sm90_kernels_enabled() {
+  const char* off = std::getenv("PSA_FA2_DISABLE_SM90");
+  return !(off != nullptr && std::strcmp(off, "1") == 0) && on_sm90a_device();
 }
 
 Launcher select(const FwdParams& p) {
@@ -26,8 +72,11 @@ Launcher select(const FwdParams& p) {
   const int vec = fwd_dispatch::common_vec_bytes(p, 2, {16, 8, 4, 2});
   // Token-major instantiations exist for 16-byte rows only; channel-first for every width >= 2
   // (16: "cf"; 8, 4 and 2: "cfu", see generate_flash_fwd.py).
-  if (vec == 16 || (p.layout == Layout::kChannelFirst && vec >= 2)) return find_launcher(p, vec);
-  return nullptr;
+  if (!(vec == 16 || (p.layout == Layout::kChannelFirst && vec >= 2))) return nullptr;
+  if (sm90_kernels_enabled()) {
+    if (Launcher launch = find_sm90_launcher(p, vec)) return launch;
+  }
+  return find_launcher(p, vec);
 }
 
 }  // namespace

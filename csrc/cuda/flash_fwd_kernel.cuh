@@ -311,6 +311,154 @@ struct TileScalarCopier {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Epilogue, shared with the sm_90 kernel (flash_fwd_sm90_kernel.cuh)
+// ---------------------------------------------------------------------------------------------
+// Writes lse and the normalised output of this CTA's kBlockM query rows from the warps' O
+// accumulators (C fragments, 16 rows per warp) and softmax state. The caller has made the
+// shared memory from Tr::kOOffset on free for the staging tile (every warp past its last read).
+template <class Tr, DType kDtype, int kVecBytes, int kOTiles>
+__device__ __forceinline__ void store_out_lse(const FwdParams& params, const float (&o)[kOTiles][4],
+                                              const float (&row_max)[2], const float (&row_sum)[2],
+                                              unsigned char* smem, int bh, int m0) {
+  using OTile = typename Tr::OTile;
+  constexpr bool kCF = Tr::kCF;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+  const int N = params.seqlen;
+  const int b = bh / params.heads;
+  const int h = bh % params.heads;
+
+  float inv_l[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    float l = row_sum[r];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    // l == 0 only for rows whose scores are all -inf: 0 * inf = NaN, as eager softmax gives.
+    inv_l[r] = 1.f / l;
+    if (t == 0) {
+      const int n = m0 + warp * 16 + g + 8 * r;
+      if (n < N) {
+        // lse = ln(sum_j exp(scale * s_j)) = ln2 * (m + log2(l)), m in scaled log2 units.
+        static_cast<float*>(params.lse)[static_cast<int64_t>(bh) * N + n] =
+            (row_max[r] + log2f(l)) * 0.6931471805599453f;
+      }
+    }
+  }
+
+  // Stage O (normalised, converted) in shared memory so the global stores are full 16-byte
+  // chunks along the unit-stride dimension: along d token-major, along tokens channel-first.
+  uint16_t* sO = reinterpret_cast<uint16_t*>(smem + Tr::kOOffset);
+#pragma unroll
+  for (int i = 0; i < kOTiles; ++i) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int m = warp * 16 + g + 8 * r;  // row within the CTA tile
+      const float x0 = o[i][2 * r] * inv_l[r];
+      const float x1 = o[i][2 * r + 1] * inv_l[r];
+      if constexpr (kCF) {
+        // Stored [dv][m]: the two values sit in consecutive dv rows.
+        sO[OTile::offset(i * 8 + 2 * t, m / 8) + m % 8] = to_bits<kDtype>(x0);
+        sO[OTile::offset(i * 8 + 2 * t + 1, m / 8) + m % 8] = to_bits<kDtype>(x1);
+      } else {
+        *reinterpret_cast<uint32_t*>(sO + OTile::offset(m, i) + 2 * t) = pack2<kDtype>(x0, x1);
+      }
+    }
+  }
+  __syncthreads();
+
+  uint16_t* out_head = static_cast<uint16_t*>(params.out.ptr) + b * params.out.stride_b +
+                       h * params.out.stride_h;
+  if constexpr (kVecBytes == 2) {
+    // Channel-first at odd N: 2-byte stores, consecutive threads on consecutive tokens.
+    constexpr int kPerThread = OTile::kElems / kThreads;
+    constexpr int kRowStep = kThreads / kBlockM;
+    const int col = tid % kBlockM;
+    const int n = m0 + col;
+    if (n < N) {
+#pragma unroll
+      for (int it = 0; it < kPerThread; ++it) {
+        const int row = tid / kBlockM + it * kRowStep;  // d
+        out_head[row * params.out.stride_d + n] = sO[OTile::offset(row, col / 8) + col % 8];
+      }
+    }
+  } else if constexpr (kVecBytes < 16) {
+    // Channel-first with rows aligned to kVecBytes (8 or 4) only: stores of that width, pieces
+    // of the swizzled 16-byte chunks of sO; a partial last piece is written element by element.
+    constexpr int kVecElems = kVecBytes / 2;
+    constexpr int kVecsPerChunk = 16 / kVecBytes;
+    constexpr int kVecsPerRow = OTile::kNumCols / kVecElems;
+    constexpr int kOutVecs = OTile::kNumRows * kVecsPerRow;
+    static_assert(kOutVecs % kThreads == 0, "every thread stores the same number of vectors");
+#pragma unroll
+    for (int it = 0; it < kOutVecs / kThreads; ++it) {
+      const int idx = tid + it * kThreads;
+      const int row = idx / kVecsPerRow;  // d
+      const int vec = idx % kVecsPerRow;  // kVecElems tokens
+      const uint16_t* sp =
+          sO + OTile::offset(row, vec / kVecsPerChunk) + (vec % kVecsPerChunk) * kVecElems;
+      const int n = m0 + vec * kVecElems;
+      const int left = N - n;
+      uint16_t* dst = out_head + row * params.out.stride_d + n;
+      if constexpr (kVecBytes == 8) {
+        const uint2 val = *reinterpret_cast<const uint2*>(sp);
+        if (left >= kVecElems) {
+          *reinterpret_cast<uint2*>(dst) = val;
+        } else if (left > 0) {
+          const uint32_t w[2] = {val.x, val.y};
+#pragma unroll
+          for (int x = 0; x < kVecElems; ++x) {
+            if (x < left) dst[x] = static_cast<uint16_t>(w[x / 2] >> (16 * (x % 2)));
+          }
+        }
+      } else {
+        const uint32_t val = *reinterpret_cast<const uint32_t*>(sp);
+        if (left >= kVecElems) {
+          *reinterpret_cast<uint32_t*>(dst) = val;
+        } else if (left > 0) {
+          dst[0] = static_cast<uint16_t>(val);
+        }
+      }
+    }
+  } else {
+    constexpr int kOutChunks = OTile::kNumRows * OTile::kChunks;
+    static_assert(kOutChunks % kThreads == 0, "every thread stores the same number of chunks");
+#pragma unroll
+    for (int it = 0; it < kOutChunks / kThreads; ++it) {
+      const int idx = tid + it * kThreads;
+      const int row = idx / OTile::kChunks;
+      const int chunk = idx % OTile::kChunks;
+      const uint4 val = *reinterpret_cast<const uint4*>(sO + OTile::offset(row, chunk));
+      if constexpr (kCF) {
+        // row = d, chunk = 8 tokens; a partial last chunk is written element by element.
+        const int n = m0 + chunk * 8;
+        const int left = N - n;
+        uint16_t* dst = out_head + row * params.out.stride_d + n;
+        if (left >= 8) {
+          *reinterpret_cast<uint4*>(dst) = val;
+        } else if (left > 0) {
+          // Constant indices keep val in registers (a variable index would put it on the stack).
+          const uint32_t w[4] = {val.x, val.y, val.z, val.w};
+#pragma unroll
+          for (int x = 0; x < 8; ++x) {
+            if (x < left) dst[x] = static_cast<uint16_t>(w[x / 2] >> (16 * (x % 2)));
+          }
+        }
+      } else {
+        // row = token, chunk = 8 dv values.
+        const int n = m0 + row;
+        if (n < N) {
+          *reinterpret_cast<uint4*>(out_head + n * params.out.stride_n + chunk * 8) = val;
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------
 // kVecBytes: the global-memory access width (16, 8, 4 or 2 bytes) that every tile row start
@@ -557,132 +705,7 @@ __global__ void __launch_bounds__(kThreads,
   // cp.async groups are empty.
   cp_async_wait<0>();
   __syncthreads();
-
-  float inv_l[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float l = row_sum[r];
-    l += __shfl_xor_sync(0xffffffffu, l, 1);
-    l += __shfl_xor_sync(0xffffffffu, l, 2);
-    // l == 0 only for rows whose scores are all -inf: 0 * inf = NaN, as eager softmax gives.
-    inv_l[r] = 1.f / l;
-    if (t == 0) {
-      const int n = m0 + warp * 16 + g + 8 * r;
-      if (n < N) {
-        // lse = ln(sum_j exp(scale * s_j)) = ln2 * (m + log2(l)), m in scaled log2 units.
-        static_cast<float*>(params.lse)[static_cast<int64_t>(bh) * N + n] =
-            (row_max[r] + log2f(l)) * 0.6931471805599453f;
-      }
-    }
-  }
-
-  // Stage O (normalised, converted) in shared memory so the global stores are full 16-byte
-  // chunks along the unit-stride dimension: along d token-major, along tokens channel-first.
-  uint16_t* sO = reinterpret_cast<uint16_t*>(smem + Tr::kOOffset);
-#pragma unroll
-  for (int i = 0; i < kOTiles; ++i) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int m = warp * 16 + g + 8 * r;  // row within the CTA tile
-      const float x0 = o[i][2 * r] * inv_l[r];
-      const float x1 = o[i][2 * r + 1] * inv_l[r];
-      if constexpr (kCF) {
-        // Stored [dv][m]: the two values sit in consecutive dv rows.
-        sO[OTile::offset(i * 8 + 2 * t, m / 8) + m % 8] = to_bits<kDtype>(x0);
-        sO[OTile::offset(i * 8 + 2 * t + 1, m / 8) + m % 8] = to_bits<kDtype>(x1);
-      } else {
-        *reinterpret_cast<uint32_t*>(sO + OTile::offset(m, i) + 2 * t) = pack2<kDtype>(x0, x1);
-      }
-    }
-  }
-  __syncthreads();
-
-  uint16_t* out_head = static_cast<uint16_t*>(params.out.ptr) + b * params.out.stride_b +
-                       h * params.out.stride_h;
-  if constexpr (kVecBytes == 2) {
-    // Channel-first at odd N: 2-byte stores, consecutive threads on consecutive tokens.
-    constexpr int kPerThread = OTile::kElems / kThreads;
-    constexpr int kRowStep = kThreads / kBlockM;
-    const int col = tid % kBlockM;
-    const int n = m0 + col;
-    if (n < N) {
-#pragma unroll
-      for (int it = 0; it < kPerThread; ++it) {
-        const int row = tid / kBlockM + it * kRowStep;  // d
-        out_head[row * params.out.stride_d + n] = sO[OTile::offset(row, col / 8) + col % 8];
-      }
-    }
-  } else if constexpr (kVecBytes < 16) {
-    // Channel-first with rows aligned to kVecBytes (8 or 4) only: stores of that width, pieces
-    // of the swizzled 16-byte chunks of sO; a partial last piece is written element by element.
-    constexpr int kVecElems = kVecBytes / 2;
-    constexpr int kVecsPerChunk = 16 / kVecBytes;
-    constexpr int kVecsPerRow = OTile::kNumCols / kVecElems;
-    constexpr int kOutVecs = OTile::kNumRows * kVecsPerRow;
-    static_assert(kOutVecs % kThreads == 0, "every thread stores the same number of vectors");
-#pragma unroll
-    for (int it = 0; it < kOutVecs / kThreads; ++it) {
-      const int idx = tid + it * kThreads;
-      const int row = idx / kVecsPerRow;  // d
-      const int vec = idx % kVecsPerRow;  // kVecElems tokens
-      const uint16_t* sp =
-          sO + OTile::offset(row, vec / kVecsPerChunk) + (vec % kVecsPerChunk) * kVecElems;
-      const int n = m0 + vec * kVecElems;
-      const int left = N - n;
-      uint16_t* dst = out_head + row * params.out.stride_d + n;
-      if constexpr (kVecBytes == 8) {
-        const uint2 val = *reinterpret_cast<const uint2*>(sp);
-        if (left >= kVecElems) {
-          *reinterpret_cast<uint2*>(dst) = val;
-        } else if (left > 0) {
-          const uint32_t w[2] = {val.x, val.y};
-#pragma unroll
-          for (int x = 0; x < kVecElems; ++x) {
-            if (x < left) dst[x] = static_cast<uint16_t>(w[x / 2] >> (16 * (x % 2)));
-          }
-        }
-      } else {
-        const uint32_t val = *reinterpret_cast<const uint32_t*>(sp);
-        if (left >= kVecElems) {
-          *reinterpret_cast<uint32_t*>(dst) = val;
-        } else if (left > 0) {
-          dst[0] = static_cast<uint16_t>(val);
-        }
-      }
-    }
-  } else {
-    constexpr int kOutChunks = OTile::kNumRows * OTile::kChunks;
-    static_assert(kOutChunks % kThreads == 0, "every thread stores the same number of chunks");
-#pragma unroll
-    for (int it = 0; it < kOutChunks / kThreads; ++it) {
-      const int idx = tid + it * kThreads;
-      const int row = idx / OTile::kChunks;
-      const int chunk = idx % OTile::kChunks;
-      const uint4 val = *reinterpret_cast<const uint4*>(sO + OTile::offset(row, chunk));
-      if constexpr (kCF) {
-        // row = d, chunk = 8 tokens; a partial last chunk is written element by element.
-        const int n = m0 + chunk * 8;
-        const int left = N - n;
-        uint16_t* dst = out_head + row * params.out.stride_d + n;
-        if (left >= 8) {
-          *reinterpret_cast<uint4*>(dst) = val;
-        } else if (left > 0) {
-          // Constant indices keep val in registers (a variable index would put it on the stack).
-          const uint32_t w[4] = {val.x, val.y, val.z, val.w};
-#pragma unroll
-          for (int x = 0; x < 8; ++x) {
-            if (x < left) dst[x] = static_cast<uint16_t>(w[x / 2] >> (16 * (x % 2)));
-          }
-        }
-      } else {
-        // row = token, chunk = 8 dv values.
-        const int n = m0 + row;
-        if (n < N) {
-          *reinterpret_cast<uint4*>(out_head + n * params.out.stride_n + chunk * 8) = val;
-        }
-      }
-    }
-  }
+  store_out_lse<Tr, kDtype, kVecBytes>(params, o, row_max, row_sum, smem, bh, m0);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -20,31 +20,34 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-// Keys at or past n (the last tile of a sequence) get -inf before the max, so weight 0.
+// Keys at or past n get -inf before the max, so weight 0: the last tile of a sequence.
+template <int kTiles>
+__device__ __forceinline__ void mask_keys_past(float (&s)[kTiles][4], int n0, int n, int t) {
+#pragma unroll
+  for (int i = 0; i < kTiles; ++i) {
+    const int col = n0 + i * 8 + 2 * t;
+    if (col >= n) s[i][0] = s[i][2] = -INFINITY;
+    if (col + 1 >= n) s[i][1] = s[i][3] = -INFINITY;
+  }
+}
+
+// The same, skipped (one branch) for tiles that end before n.
 template <int kTiles>
 __device__ __forceinline__ void mask_keys_from(float (&s)[kTiles][4], int n0, int n, int t) {
-  if (n0 + 8 * kTiles > n) {
-#pragma unroll
-    for (int i = 0; i < kTiles; ++i) {
-      const int col = n0 + i * 8 + 2 * t;
-      if (col >= n) s[i][0] = s[i][2] = -INFINITY;
-      if (col + 1 >= n) s[i][1] = s[i][3] = -INFINITY;
-    }
-  }
+  if (n0 + 8 * kTiles > n) mask_keys_past(s, n0, n, t);
 }
 
 // One key tile of the online softmax, base 2: turns the raw scores s into probabilities
 // p = 2^(s * scale_log2 - m) against the updated running max m of each row (row_max, in
-// scaled log2 units), adds them to this lane's partial row sums (row_sum; the 4 lanes of a
-// row see the same max, so their partial sums are reduced once, at the end) and rescales
-// the output accumulator o (C fragments of 16 rows x 8 * kOTiles) by 2^(m_old - m_new).
-// The max is taken on raw scores and scaled once, which needs scale >= 0 (checked on the
-// host); each probability is then one FFMA + one MUFU ex2.
-template <int kTiles, int kOTiles>
-__device__ __forceinline__ void online_softmax_tile(float (&s)[kTiles][4], float (&row_max)[2],
-                                                    float (&row_sum)[2], float (&o)[kOTiles][4],
-                                                    float scale_log2) {
-  float alpha[2];
+// scaled log2 units) and adds them to this lane's partial row sums (row_sum; the 4 lanes of a
+// row see the same max, so their partial sums are reduced once, at the end). alpha receives
+// the factors 2^(m_old - m_new) by which the output accumulator of rows g and g + 8 must be
+// rescaled (rescale_rows). The max is taken on raw scores and scaled once, which needs
+// scale >= 0 (checked on the host); each probability is then one FFMA + one MUFU ex2.
+template <int kTiles>
+__device__ __forceinline__ void softmax_probabilities(float (&s)[kTiles][4], float (&row_max)[2],
+                                                      float (&row_sum)[2], float scale_log2,
+                                                      float (&alpha)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     float mx = -INFINITY;
@@ -69,7 +72,11 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[kTiles][4], float
     }
     row_sum[r] = row_sum[r] * alpha[r] + sum;
   }
-  // One rescale of the accumulator per tile.
+}
+
+// Rows g and g + 8 of an accumulator of C fragments (16 rows x 8 * kOTiles) times alpha.
+template <int kOTiles>
+__device__ __forceinline__ void rescale_rows(float (&o)[kOTiles][4], const float (&alpha)[2]) {
 #pragma unroll
   for (int i = 0; i < kOTiles; ++i) {
     o[i][0] *= alpha[0];
@@ -77,6 +84,17 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[kTiles][4], float
     o[i][2] *= alpha[1];
     o[i][3] *= alpha[1];
   }
+}
+
+// Both, for kernels whose accumulator is not in flight during the softmax: one rescale of
+// the accumulator per tile.
+template <int kTiles, int kOTiles>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[kTiles][4], float (&row_max)[2],
+                                                    float (&row_sum)[2], float (&o)[kOTiles][4],
+                                                    float scale_log2) {
+  float alpha[2];
+  softmax_probabilities(s, row_max, row_sum, scale_log2, alpha);
+  rescale_rows(o, alpha);
 }
 
 }  // namespace mma_softmax

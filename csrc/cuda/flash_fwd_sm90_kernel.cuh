@@ -1,0 +1,274 @@
+// FlashAttention-2 forward for Hopper (sm_90a): the tiling, copies, softmax and epilogue of
+// flash_fwd_kernel.cuh, with the two products on asynchronous warpgroup MMAs (wgmma.cuh)
+// instead of mma.sync.
+//
+// One CTA is one warpgroup (4 warps) and computes 64 query rows of one (batch, head). Q stays
+// in registers (the A fragments, loaded with ldmatrix as in the mma.sync kernel); K and V
+// tiles of 64 keys go through double-buffered shared memory (cp.async) in the swizzled layout of
+// the mma.sync kernel, which is one of wgmma's own: channel-first K and token-major V are read
+// transposed (MN-major), token-major K and channel-first V as they are (K-major).
+//
+// Per key tile j the warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, and works
+// out the softmax of S_j while the second product is still running on the tensor cores; O is
+// rescaled once that product has landed. Several CTAs share an SM, so one CTA's softmax also
+// overlaps the others' MMAs.
+//
+// The kernel body exists for sm_90a only; other targets compile an empty kernel that the
+// dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
+#pragma once
+
+#include "flash_fwd_kernel.cuh"
+#include "wgmma.cuh"
+
+namespace psa_fa2 {
+namespace flash_fwd_detail {
+
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
+struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
+  using Base = FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
+  static constexpr bool kCF = Base::kCF;
+  static constexpr int kBlockN = 64;
+  static_assert(kBlockM == 64, "one warpgroup of 64 query rows per CTA");
+  static_assert(kDv == 64, "the products are wgmma m64n64k16: 64 keys and dv = 64");
+  static_assert(kDk % 16 == 0, "k16 steps of Q K^T");
+  using KTile = typename Base::KTile;
+  using VTile = typename Base::VTile;
+  // The swizzle atoms of the tiles (8 rows) start at multiples of 1024 bytes.
+  static_assert(Base::kKOffset % 1024 == 0 && Base::kVOffset % 1024 == 0 &&
+                    KTile::kBytes % 1024 == 0 && VTile::kBytes % 1024 == 0,
+                "K / V stages aligned to their swizzle atoms");
+  // S = Q K^T: k = d. Channel-first K tiles are [d][key]: their columns run along n.
+  using KOperand = wgmma::OperandB<KTile, !kCF>;
+  // O = P V: k = key. Channel-first V tiles are [dv][key]: their columns run along k.
+  using VOperand = wgmma::OperandB<VTile, kCF>;
+};
+
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
+__global__ void __launch_bounds__(kThreads,
+                                  FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>::kMinBlocks)
+    flash_fwd_sm90_kernel(const FwdParams params, const float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
+  using QTile = typename Tr::QTile;
+  using KTile = typename Tr::KTile;
+  using VTile = typename Tr::VTile;
+  using KOp = typename Tr::KOperand;
+  using VOp = typename Tr::VOperand;
+  constexpr bool kCF = Tr::kCF;
+  constexpr int kKSteps = kDk / 16;      // k16 steps of S = Q K^T
+  constexpr int kBlockN = Tr::kBlockN;   // keys per K/V tile
+  constexpr int kSTiles = kBlockN / 8;   // n8 blocks of S per warp
+  constexpr int kPVSteps = kBlockN / 16; // k16 steps of O += P V
+  constexpr int kOTiles = kDv / 8;       // n8 blocks of O per warp
+
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const uint32_t smem_base = smem_u32(smem);
+  const uint32_t sQ = smem_base + Tr::kQOffset;
+  const uint32_t sK = smem_base + Tr::kKOffset;
+  const uint32_t sV = smem_base + Tr::kVOffset;
+  // The swizzle atoms must be where wgmma expects them; a misplaced window would give wrong
+  // products, so fail loudly instead (the runtime has always placed it at a multiple of 1 KB).
+  if (smem_base % 1024 != 0) __trap();
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int t = lane % 4;
+  const int li = lane / 8;
+  const int lr = lane % 8;
+
+  const int N = params.seqlen;
+  const int bh = blockIdx.y;
+  const int b = bh / params.heads;
+  const int h = bh % params.heads;
+  const int m0 = blockIdx.x * kBlockM;
+
+  auto head_ptr = [&](const Strided4& s) {
+    return static_cast<const uint16_t*>(s.ptr) + b * s.stride_b + h * s.stride_h;
+  };
+  const uint16_t* q_head = head_ptr(params.q);
+  const uint16_t* k_head = head_ptr(params.k);
+  const uint16_t* v_head = head_ptr(params.v);
+  const int64_t q_rs = kCF ? params.q.stride_d : params.q.stride_n;
+  const int64_t k_rs = kCF ? params.k.stride_d : params.k.stride_n;
+  const int64_t v_rs = kCF ? params.v.stride_d : params.v.stride_n;
+  auto at_token = [&](const uint16_t* head, int64_t rs, int n) {
+    return kCF ? head + n : head + n * rs;
+  };
+
+  const int n_tiles = (N + kBlockN - 1) / kBlockN;
+
+  constexpr bool kAsync = kVecBytes >= 4;
+  constexpr int kCpBytes = kAsync ? kVecBytes : 16;
+  using QCopier = std::conditional_t<kAsync, TileCopier<QTile, kCF, kCpBytes>,
+                                     TileScalarCopier<QTile>>;
+  using KCopier = std::conditional_t<kAsync, TileCopier<KTile, kCF, kCpBytes>,
+                                     TileScalarCopier<KTile>>;
+  using VCopier = std::conditional_t<kAsync, TileCopier<VTile, kCF, kCpBytes>,
+                                     TileScalarCopier<VTile>>;
+  const QCopier q_copier(tid, q_rs);
+  const KCopier k_copier(tid, k_rs);
+  const VCopier v_copier(tid, v_rs);
+  auto copy_k = [&](int j) {
+    k_copier.copy(sK + (j & 1) * KTile::kBytes, at_token(k_head, k_rs, j * kBlockN),
+                  N - j * kBlockN);
+  };
+  auto copy_v = [&](int j) {
+    v_copier.copy(sV + (j & 1) * VTile::kBytes, at_token(v_head, v_rs, j * kBlockN),
+                  N - j * kBlockN);
+  };
+  // Every wgmma reads what other threads copied: their copies must have landed (cp.async
+  // wait), be made visible to the async proxy, and be published by a barrier.
+  auto publish_copies = [] {
+    cp_async_wait<0>();
+    wgmma::fence_proxy_async_shared();
+    __syncthreads();
+  };
+
+  // Prologue: Q and K tile 0 first; K tile 1 and V tile 0 arrive while S_0 is computed.
+  q_copier.copy(sQ, at_token(q_head, q_rs, m0), N - m0);
+  copy_k(0);
+  cp_async_commit();
+  if (n_tiles > 1) copy_k(1);
+  copy_v(0);
+  cp_async_commit();
+  cp_async_wait<1>();
+  wgmma::fence_proxy_async_shared();
+  __syncthreads();
+
+  // Q fragments (A operand, 16 rows of this warp x kDk), as in the mma.sync kernel.
+  uint32_t qf[kKSteps][4];
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    if constexpr (kCF) {
+      const int row = kk * 16 + (li / 2) * 8 + lr;
+      const int chunk = warp * 2 + (li % 2);
+      ldsm_x4_trans(qf[kk], sQ + 2u * QTile::offset(row, chunk));
+    } else {
+      const int row = warp * 16 + (li % 2) * 8 + lr;
+      const int chunk = kk * 2 + (li / 2);
+      ldsm_x4(qf[kk], sQ + 2u * QTile::offset(row, chunk));
+    }
+  }
+
+  const uint64_t k_desc = KOp::descriptor(sK);
+  const uint64_t v_desc = VOp::descriptor(sV);
+  // S = Q K_j^T into s (previous contents dropped).
+  auto issue_s = [&](float (&s)[kSTiles][4], int j) {
+    const uint64_t desc = k_desc + KOp::advance((j & 1) * KTile::kBytes);
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      const uint64_t dk = desc + KOp::advance(kk * KOp::kKStepBytes);
+      if (kk == 0) {
+        wgmma::mma_m64n64k16<kDtype, false, KOp::kTranspose>(s, qf[kk], dk);
+      } else {
+        wgmma::mma_m64n64k16<kDtype, true, KOp::kTranspose>(s, qf[kk], dk);
+      }
+    }
+    wgmma::commit_group();
+  };
+  // O += P V_j.
+  auto issue_pv = [&](float (&o)[kOTiles][4], const uint32_t (&pf)[kPVSteps][4], int j) {
+    const uint64_t desc = v_desc + VOp::advance((j & 1) * VTile::kBytes);
+#pragma unroll
+    for (int kk = 0; kk < kPVSteps; ++kk) {
+      wgmma::mma_m64n64k16<kDtype, true, VOp::kTranspose>(
+          o, pf[kk], desc + VOp::advance(kk * VOp::kKStepBytes));
+    }
+    wgmma::commit_group();
+  };
+  // The C fragments of S blocks 2kk, 2kk+1 are the A fragment of P's k16 step kk.
+  auto pack_p = [&](const float (&s)[kSTiles][4], uint32_t (&pf)[kPVSteps][4]) {
+#pragma unroll
+    for (int kk = 0; kk < kPVSteps; ++kk) {
+      pf[kk][0] = pack2<kDtype>(s[2 * kk][0], s[2 * kk][1]);
+      pf[kk][1] = pack2<kDtype>(s[2 * kk][2], s[2 * kk][3]);
+      pf[kk][2] = pack2<kDtype>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[kk][3] = pack2<kDtype>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+  };
+
+  float s[kSTiles][4];
+  float o[kOTiles][4];
+#pragma unroll
+  for (int i = 0; i < kOTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.f, 0.f};
+  float alpha[2];
+
+  wgmma::fence();
+  issue_s(s, 0);
+  wgmma::wait_group<0>();
+  wgmma::pin(s);
+  mma_softmax::mask_keys_from(s, 0, N, t);
+  mma_softmax::softmax_probabilities(s, row_max, row_sum, scale_log2, alpha);  // o is still 0
+
+  uint32_t pf[kPVSteps][4];
+  // Tile j >= 1. Only the last tile can be partial; the others take no branch between issue and
+  // wait, which ptxas would otherwise answer by waiting for every product at the branch.
+  auto tile_step = [&](int j, auto is_last) {
+    constexpr bool kLast = decltype(is_last)::value;
+    // K tile j and V tile j-1 landed; every thread is past tile j-1's products, so K stage
+    // (j+1) % 2 and V stage j % 2 may be refilled.
+    publish_copies();
+    if constexpr (!kLast) copy_k(j + 1);
+    copy_v(j);
+    cp_async_commit();
+
+    pack_p(s, pf);
+    wgmma::pin(o);
+    wgmma::fence();
+    issue_s(s, j);
+    // A fence of its own for the second product: ptxas then tracks the two groups apart, and
+    // lets the softmax write S while P V is in flight.
+    wgmma::fence();
+    issue_pv(o, pf, j - 1);
+    // The softmax of tile j runs while P_{j-1} V_{j-1} is still on the tensor cores.
+    wgmma::wait_group<1>();
+    wgmma::pin(s);
+    if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
+    mma_softmax::softmax_probabilities(s, row_max, row_sum, scale_log2, alpha);
+    wgmma::wait_group<0>();
+    wgmma::pin(o);
+    wgmma::pin(pf);
+    mma_softmax::rescale_rows(o, alpha);
+  };
+  for (int j = 1; j + 1 < n_tiles; ++j) tile_step(j, std::false_type{});
+  if (n_tiles > 1) tile_step(n_tiles - 1, std::true_type{});
+
+  // The last tile's P V.
+  publish_copies();
+  pack_p(s, pf);
+  wgmma::pin(o);
+  wgmma::fence();
+  issue_pv(o, pf, n_tiles - 1);
+  wgmma::wait_group<0>();
+  wgmma::pin(o);
+  // Every thread is done reading K / V, which the output staging tile reuses.
+  __syncthreads();
+  store_out_lse<Tr, kDtype, kVecBytes>(params, o, row_max, row_sum, smem, bh, m0);
+#endif
+}
+
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
+void launch_sm90(const FwdParams& params, cudaStream_t stream) {
+  using Tr = Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
+  const int bh = params.batch * params.heads;
+  if (params.seqlen <= 0 || bh <= 0) return;
+  constexpr auto kernel = flash_fwd_sm90_kernel<kDtype, kDk, kDv, kLayout, kVecBytes>;
+  constexpr int smem = Tr::kSmemBytes;
+  if constexpr (smem > 48 * 1024) allow_dynamic_smem_once<kernel>(smem);
+  kernel<<<row_tile_grid(params.seqlen, kBlockM, bh), kThreads, smem, stream>>>(
+      params, softmax_scale_log2(params.scale));
+}
+
+}  // namespace flash_fwd_detail
+
+// Explicitly instantiated in the generated flash_fwd_sm90_*.cu files, declared in
+// flash_fwd_sm90_instances.h.
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
+void launch_flash_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
+  flash_fwd_detail::launch_sm90<kDtype, kDk, kDv, kLayout, kVecBytes>(params, stream);
+}
+
+}  // namespace psa_fa2
