@@ -1,6 +1,7 @@
 // Times compile-time variants of the fast forward kernels (tile sizes, CTAs per SM) at the
 // PSA shapes, without torch: build one binary per variant (tune_fwd.sh) and compare.
 //   tune_fwd bf16   the bf16 tensor-core kernel (flash_fwd_kernel.cuh)
+//   tune_fwd sm90   the bf16 wgmma kernel (flash_fwd_sm90_kernel.cuh; build for sm_90a)
 //   tune_fwd tf32   the fp32 TF32 kernel (flash_fwd_tf32_kernel.cuh)
 // Prints "shape us TFLOP/s checksum"; the checksum of out must agree across variants.
 #include <cuda_bf16.h>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "../../csrc/cuda/flash_fwd_kernel.cuh"
+#include "../../csrc/cuda/flash_fwd_sm90_kernel.cuh"
 #include "../../csrc/cuda/flash_fwd_tf32_kernel.cuh"
 
 using namespace psa_fa2;
@@ -41,11 +43,17 @@ __global__ void fill(T* x, size_t n) {
   }
 }
 
+bool g_sm90 = false;
+
 // (32, 64) channel-first, the PSA views, through the launcher the extension dispatches to.
 template <class T, int kVec>
 void launch(const FwdParams& p) {
   if constexpr (sizeof(T) == 2) {
-    launch_flash_fwd<DType::kBFloat16, 32, 64, Layout::kChannelFirst, kVec>(p, 0);
+    if (g_sm90) {
+      launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, kVec>(p, 0);
+    } else {
+      launch_flash_fwd<DType::kBFloat16, 32, 64, Layout::kChannelFirst, kVec>(p, 0);
+    }
   } else {
     launch_flash_fwd_f32<32, 64, Layout::kChannelFirst, kVec, true>(p, 0);
   }
@@ -105,8 +113,9 @@ void run_shapes() {
 
 int main(int argc, char** argv) {
   const bool tf32 = argc > 1 && std::strcmp(argv[1], "tf32") == 0;
-  if (argc > 1 && !tf32 && std::strcmp(argv[1], "bf16") != 0) {
-    std::fprintf(stderr, "usage: %s [bf16|tf32]\n", argv[0]);
+  g_sm90 = argc > 1 && std::strcmp(argv[1], "sm90") == 0;
+  if (argc > 1 && !tf32 && !g_sm90 && std::strcmp(argv[1], "bf16") != 0) {
+    std::fprintf(stderr, "usage: %s [bf16|sm90|tf32]\n", argv[0]);
     return 2;
   }
   tf32 ? run_shapes<float>() : run_shapes<__nv_bfloat16>();

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds and times the fast forward kernels' compile-time variants (needs a GPU and nvcc):
-#   bash bench/tune/tune_fwd.sh [bf16|tf32] [arch, default 90]
+#   bash bench/tune/tune_fwd.sh [bf16|sm90|tf32] [arch, default 90; sm90 builds for 90a]
 set -euo pipefail
 cd "$(dirname "$0")"
 kernel=${1:-bf16}
@@ -14,6 +14,15 @@ if [ "$kernel" = tf32 ]; then
     [block_n128_min_blocks1]="-DPSA_FA2_TF32_BLOCK_N=128 -DPSA_FA2_TF32_MIN_BLOCKS=1"
   )
   order="default block_n32 min_blocks1 block_n128_min_blocks1"
+elif [ "$kernel" = sm90 ]; then
+  arch=90a
+  variants=(
+    [default]=""
+    [min_blocks4]="-DPSA_FA2_SM90_MIN_BLOCKS=4"
+    [min_blocks2]="-DPSA_FA2_SM90_MIN_BLOCKS=2"
+    [sub_tiles2]="-DPSA_FA2_SM90_SUB_TILES=2"
+  )
+  order="default min_blocks4 min_blocks2 sub_tiles2"
 else
   variants=(
     [default]=""

@@ -252,6 +252,17 @@ struct TileCopier {
       src += gstep;
     }
   }
+
+  // A tile whose tokens are all below N: the same copies without the range checks.
+  __device__ __forceinline__ void copy_full(uint32_t stile, const uint16_t* gtile) const {
+    const uint16_t* src = gtile + goff;
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      cp_async<kVecBytes>(stile + soff[i % kDistinct] + (i / kDistinct) * kSmemStep, src,
+                          kVecBytes);
+      src += gstep;
+    }
+  }
 };
 
 // Channel-first tiles whose rows are only 2-byte aligned (the PSA views at odd N, where
@@ -307,6 +318,10 @@ struct TileScalarCopier {
         st_shared_u16(stile + 2u * (Tile::offset(row, col / 8) + col % 8), v[i]);
       }
     }
+  }
+
+  __device__ __forceinline__ void copy_full(uint32_t stile, const uint16_t* gtile) const {
+    copy(stile, gtile, Tile::kNumCols);
   }
 };
 
@@ -534,7 +549,6 @@ __global__ void __launch_bounds__(kThreads,
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
-  const int g = lane / 4;   // MMA row group
   const int t = lane % 4;   // thread in group
   const int li = lane / 8;  // which 8x8 matrix this lane addresses in an ldmatrix.x4
   const int lr = lane % 8;  // which row of it

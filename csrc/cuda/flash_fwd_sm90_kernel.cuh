@@ -27,25 +27,53 @@ template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
 struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   using Base = FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
   static constexpr bool kCF = Base::kCF;
-  static constexpr int kBlockN = 64;
   static_assert(kBlockM == 64, "one warpgroup of 64 query rows per CTA");
   static_assert(kDv == 64, "the products are wgmma m64n64k16: 64 keys and dv = 64");
   static_assert(kDk % 16 == 0, "k16 steps of Q K^T");
-  using KTile = typename Base::KTile;
-  using VTile = typename Base::VTile;
+  // Tiles of 64 keys (one wgmma n64 / one 128-byte swizzle atom per row); one softmax step
+  // takes kSubTiles of them. PSA_FA2_SM90_SUB_TILES (an experiment, compile-time) sets it.
+  static constexpr int kTileN = 64;
+#if defined(PSA_FA2_SM90_SUB_TILES)
+  static constexpr int kSubTiles = PSA_FA2_SM90_SUB_TILES;
+#else
+  static constexpr int kSubTiles = 1;
+#endif
+  static constexpr int kBlockN = kTileN * kSubTiles;  // keys per step
+  using QTile = typename Base::QTile;
+  using OTile = typename Base::OTile;
+  using KTile = std::conditional_t<kCF, SmemTile<kDk, kTileN>, SmemTile<kTileN, kDk>>;
+  using VTile = std::conditional_t<kCF, SmemTile<kDv, kTileN>, SmemTile<kTileN, kDv>>;
+  // Layout: Q | K stage 0 | K stage 1 | V stage 0 | V stage 1, a stage being kSubTiles tiles;
+  // the output staging tile reuses the K/V stages.
+  static constexpr int kKStageBytes = kSubTiles * KTile::kBytes;
+  static constexpr int kVStageBytes = kSubTiles * VTile::kBytes;
+  static constexpr int kQOffset = 0;
+  static constexpr int kKOffset = QTile::kBytes;
+  static constexpr int kVOffset = kKOffset + 2 * kKStageBytes;
+  static constexpr int kOOffset = kKOffset;
+  static constexpr int kSmemBytes = kVOffset + 2 * kVStageBytes;
+  static_assert(OTile::kBytes <= 2 * (kKStageBytes + kVStageBytes), "staging fits");
   // The swizzle atoms of the tiles (8 rows) start at multiples of 1024 bytes.
-  static_assert(Base::kKOffset % 1024 == 0 && Base::kVOffset % 1024 == 0 &&
-                    KTile::kBytes % 1024 == 0 && VTile::kBytes % 1024 == 0,
-                "K / V stages aligned to their swizzle atoms");
+  static_assert(kKOffset % 1024 == 0 && kVOffset % 1024 == 0 && KTile::kBytes % 1024 == 0 &&
+                    VTile::kBytes % 1024 == 0,
+                "K / V tiles aligned to their swizzle atoms");
   // S = Q K^T: k = d. Channel-first K tiles are [d][key]: their columns run along n.
   using KOperand = wgmma::OperandB<KTile, !kCF>;
   // O = P V: k = key. Channel-first V tiles are [dv][key]: their columns run along k.
   using VOperand = wgmma::OperandB<VTile, kCF>;
+  // Resident CTAs per SM (__launch_bounds__): 3 (<= 168 registers) leave ptxas room; it uses
+  // about 128, so 4 CTAs fit. The 2-byte loads of odd N (32 in flight) and two tiles per step
+  // need 2 to stay free of spills. PSA_FA2_SM90_MIN_BLOCKS overrides it (experiments).
+#if defined(PSA_FA2_SM90_MIN_BLOCKS)
+  static constexpr int kMinBlocks = PSA_FA2_SM90_MIN_BLOCKS;
+#else
+  static constexpr int kMinBlocks = kSubTiles == 1 && kVecBytes != 2 ? 3 : 2;
+#endif
 };
 
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
 __global__ void __launch_bounds__(kThreads,
-                                  FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>::kMinBlocks)
+                                  Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>::kMinBlocks)
     flash_fwd_sm90_kernel(const FwdParams params, const float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
@@ -56,7 +84,9 @@ __global__ void __launch_bounds__(kThreads,
   using VOp = typename Tr::VOperand;
   constexpr bool kCF = Tr::kCF;
   constexpr int kKSteps = kDk / 16;      // k16 steps of S = Q K^T
-  constexpr int kBlockN = Tr::kBlockN;   // keys per K/V tile
+  constexpr int kBlockN = Tr::kBlockN;   // keys per step
+  constexpr int kSub = Tr::kSubTiles;    // 64-key tiles per step
+  constexpr int kTileN = Tr::kTileN;
   constexpr int kSTiles = kBlockN / 8;   // n8 blocks of S per warp
   constexpr int kPVSteps = kBlockN / 16; // k16 steps of O += P V
   constexpr int kOTiles = kDv / 8;       // n8 blocks of O per warp
@@ -109,13 +139,26 @@ __global__ void __launch_bounds__(kThreads,
   const QCopier q_copier(tid, q_rs);
   const KCopier k_copier(tid, k_rs);
   const VCopier v_copier(tid, v_rs);
+  // Step j's keys into stage j % 2; the range checks only where the step reaches N.
+  auto copy_tiles = [&](const auto& copier, uint32_t stage, int tile_bytes, const uint16_t* head,
+                        int64_t rs, int j) {
+    const bool full = (j + 1) * kBlockN <= N;
+#pragma unroll
+    for (int u = 0; u < kSub; ++u) {
+      const int n0 = j * kBlockN + u * kTileN;
+      const uint32_t dst = stage + u * tile_bytes;
+      if (full) {
+        copier.copy_full(dst, at_token(head, rs, n0));
+      } else {
+        copier.copy(dst, at_token(head, rs, n0), N - n0);
+      }
+    }
+  };
   auto copy_k = [&](int j) {
-    k_copier.copy(sK + (j & 1) * KTile::kBytes, at_token(k_head, k_rs, j * kBlockN),
-                  N - j * kBlockN);
+    copy_tiles(k_copier, sK + (j & 1) * Tr::kKStageBytes, KTile::kBytes, k_head, k_rs, j);
   };
   auto copy_v = [&](int j) {
-    v_copier.copy(sV + (j & 1) * VTile::kBytes, at_token(v_head, v_rs, j * kBlockN),
-                  N - j * kBlockN);
+    copy_tiles(v_copier, sV + (j & 1) * Tr::kVStageBytes, VTile::kBytes, v_head, v_rs, j);
   };
   // Every wgmma reads what other threads copied: their copies must have landed (cp.async
   // wait), be made visible to the async proxy, and be published by a barrier.
@@ -153,27 +196,32 @@ __global__ void __launch_bounds__(kThreads,
 
   const uint64_t k_desc = KOp::descriptor(sK);
   const uint64_t v_desc = VOp::descriptor(sV);
-  // S = Q K_j^T into s (previous contents dropped).
+  // S = Q K_j^T into s (previous contents dropped): one n64 product per 64-key tile.
   auto issue_s = [&](float (&s)[kSTiles][4], int j) {
-    const uint64_t desc = k_desc + KOp::advance((j & 1) * KTile::kBytes);
 #pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-      const uint64_t dk = desc + KOp::advance(kk * KOp::kKStepBytes);
-      if (kk == 0) {
-        wgmma::mma_m64n64k16<kDtype, false, KOp::kTranspose>(s, qf[kk], dk);
-      } else {
-        wgmma::mma_m64n64k16<kDtype, true, KOp::kTranspose>(s, qf[kk], dk);
+    for (int u = 0; u < kSub; ++u) {
+      const uint64_t desc = k_desc + KOp::advance((j & 1) * Tr::kKStageBytes + u * KTile::kBytes);
+      auto& su = *reinterpret_cast<float(*)[kTileN / 8][4]>(&s[u * kTileN / 8]);
+#pragma unroll
+      for (int kk = 0; kk < kKSteps; ++kk) {
+        const uint64_t dk = desc + KOp::advance(kk * KOp::kKStepBytes);
+        if (kk == 0) {
+          wgmma::mma_m64n64k16<kDtype, false, KOp::kTranspose>(su, qf[kk], dk);
+        } else {
+          wgmma::mma_m64n64k16<kDtype, true, KOp::kTranspose>(su, qf[kk], dk);
+        }
       }
     }
     wgmma::commit_group();
   };
   // O += P V_j.
   auto issue_pv = [&](float (&o)[kOTiles][4], const uint32_t (&pf)[kPVSteps][4], int j) {
-    const uint64_t desc = v_desc + VOp::advance((j & 1) * VTile::kBytes);
+    constexpr int kStepsPerTile = kTileN / 16;
 #pragma unroll
     for (int kk = 0; kk < kPVSteps; ++kk) {
-      wgmma::mma_m64n64k16<kDtype, true, VOp::kTranspose>(
-          o, pf[kk], desc + VOp::advance(kk * VOp::kKStepBytes));
+      const uint32_t offset = (j & 1) * Tr::kVStageBytes + (kk / kStepsPerTile) * VTile::kBytes +
+                              (kk % kStepsPerTile) * VOp::kKStepBytes;
+      wgmma::mma_m64n64k16<kDtype, true, VOp::kTranspose>(o, pf[kk], v_desc + VOp::advance(offset));
     }
     wgmma::commit_group();
   };
@@ -227,11 +275,14 @@ __global__ void __launch_bounds__(kThreads,
     wgmma::wait_group<1>();
     wgmma::pin(s);
     if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
-    mma_softmax::softmax_probabilities(s, row_max, row_sum, scale_log2, alpha);
+    mma_softmax::softmax_probabilities<kSTiles, true>(s, row_max, row_sum, scale_log2, alpha);
     wgmma::wait_group<0>();
     wgmma::pin(o);
     wgmma::pin(pf);
-    mma_softmax::rescale_rows(o, alpha);
+    // With the lazy max most tiles of a long row leave every row of the warp unscaled.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+      mma_softmax::rescale_rows(o, alpha);
+    }
   };
   for (int j = 1; j + 1 < n_tiles; ++j) tile_step(j, std::false_type{});
   if (n_tiles > 1) tile_step(n_tiles - 1, std::true_type{});

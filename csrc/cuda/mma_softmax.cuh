@@ -44,7 +44,14 @@ __device__ __forceinline__ void mask_keys_from(float (&s)[kTiles][4], int n0, in
 // the factors 2^(m_old - m_new) by which the output accumulator of rows g and g + 8 must be
 // rescaled (rescale_rows). The max is taken on raw scores and scaled once, which needs
 // scale >= 0 (checked on the host); each probability is then one FFMA + one MUFU ex2.
-template <int kTiles>
+//
+// kLazyMax: the reference max only moves when the row max grows by more than kLazyMaxSlack
+// (log2 units), so most tiles of a long row keep alpha = 1 and can skip the rescale. The
+// probabilities are then up to 2^kLazyMaxSlack = 256 instead of 1: exact in fp32, and their
+// bf16 / fp16 roundings keep the same relative error (far from either format's range limit).
+constexpr float kLazyMaxSlack = 8.f;
+
+template <int kTiles, bool kLazyMax = false>
 __device__ __forceinline__ void softmax_probabilities(float (&s)[kTiles][4], float (&row_max)[2],
                                                       float (&row_sum)[2], float scale_log2,
                                                       float (&alpha)[2]) {
@@ -55,7 +62,10 @@ __device__ __forceinline__ void softmax_probabilities(float (&s)[kTiles][4], flo
     for (int i = 0; i < kTiles; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * r], s[i][2 * r + 1]));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    const float m_new = fmaxf(row_max[r], mx * scale_log2);
+    float m_new = fmaxf(row_max[r], mx * scale_log2);
+    if constexpr (kLazyMax) {
+      if (m_new - row_max[r] <= kLazyMaxSlack) m_new = row_max[r];  // -inf - -inf = NaN: moves
+    }
     // A row whose scores so far are all -inf would give (-inf) - (-inf) = NaN below; use 0 as
     // the reference then, so such keys get weight 0 like in eager softmax. NaN scores are not
     // affected (fmaxf skips them, ex2(NaN) stays NaN) and still poison the row as in eager.

@@ -56,7 +56,7 @@ struct OperandB {
   }
   // Advancing a descriptor by `bytes` (a multiple of 16) moves its start address only; within
   // a swizzle atom the hardware applies the XOR to the addresses it forms.
-  static constexpr uint64_t advance(uint32_t bytes) { return bytes >> 4; }
+  __host__ __device__ static constexpr uint64_t advance(uint32_t bytes) { return bytes >> 4; }
 };
 
 // ---------------------------------------------------------------------------------------------
