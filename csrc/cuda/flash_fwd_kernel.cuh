@@ -331,6 +331,7 @@ struct TileScalarCopier {
 // Writes lse and the normalised output of this CTA's kBlockM query rows from the warps' O
 // accumulators (C fragments, 16 rows per warp) and softmax state. The caller has made the
 // shared memory from Tr::kOOffset on free for the staging tile (every warp past its last read).
+// row_sum: this lane's partial sums of rows g and g + 8.
 template <class Tr, DType kDtype, int kVecBytes, int kOTiles>
 __device__ __forceinline__ void store_out_lse(const FwdParams& params, const float (&o)[kOTiles][4],
                                               const float (&row_max)[2], const float (&row_sum)[2],
