@@ -8,10 +8,16 @@
 // the mma.sync kernel, which is one of wgmma's own: channel-first K and token-major V are read
 // transposed (MN-major), token-major K and channel-first V as they are (K-major).
 //
-// Per key tile j the warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, and works
-// out the softmax of S_j while the second product is still running on the tensor cores; O is
-// rescaled once that product has landed. Several CTAs share an SM, so one CTA's softmax also
-// overlaps the others' MMAs.
+// Per key tile j the warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for
+// the first, starts the softmax of S_j and waits for the second before rescaling O. ptxas
+// places that second wait early in the softmax (after the first row max; it does not model
+// what the wait costs, and neither a dependency on the softmax's end nor a shared-memory store
+// kept it later), so the overlap of one CTA's softmax with its own P V is small; the kernel
+// relies on its 3-4 CTAs per SM (116-136 registers, 28 KB of shared memory) to overlap one
+// CTA's softmax with the others' MMAs.
+//
+// The running row max moves only when it grows by more than 2^8 (mma_softmax::kLazyMaxSlack),
+// and O is rescaled only when some row of the warp moved, which most tiles of a long row skip.
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
@@ -91,7 +97,10 @@ __global__ void __launch_bounds__(kThreads,
   constexpr int kPVSteps = kBlockN / 16; // k16 steps of O += P V
   constexpr int kOTiles = kDv / 8;       // n8 blocks of O per warp
 
-  extern __shared__ __align__(1024) unsigned char smem[];
+  // Named apart from the mma.sync kernel's (128-byte aligned) array, with which it may share a
+  // translation unit (bench/tune/tune_fwd.cu).
+  extern __shared__ __align__(1024) unsigned char sm90_smem[];
+  unsigned char* const smem = sm90_smem;
   const uint32_t smem_base = smem_u32(smem);
   const uint32_t sQ = smem_base + Tr::kQOffset;
   const uint32_t sK = smem_base + Tr::kKOffset;
@@ -267,11 +276,8 @@ __global__ void __launch_bounds__(kThreads,
     wgmma::pin(o);
     wgmma::fence();
     issue_s(s, j);
-    // A fence of its own for the second product: ptxas then tracks the two groups apart, and
-    // lets the softmax write S while P V is in flight.
-    wgmma::fence();
     issue_pv(o, pf, j - 1);
-    // The softmax of tile j runs while P_{j-1} V_{j-1} is still on the tensor cores.
+    // S_j landed; P_{j-1} V_{j-1} may still be in flight.
     wgmma::wait_group<1>();
     wgmma::pin(s);
     if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
