@@ -326,7 +326,81 @@ struct TileScalarCopier {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Epilogue, shared with the sm_90 kernel (flash_fwd_sm90_kernel.cuh)
+// Shared by the kernels of this file and flash_fwd_sm90_kernel.cuh
+// ---------------------------------------------------------------------------------------------
+// The global side of one CTA's Q / K / V tiles: the (batch, head)'s base pointers, the stride
+// between tile rows (d channel-first, tokens token-major) and the copiers of Tr's tiles.
+// kVecBytes = 2 (odd N, channel-first) has no cp.async form: synchronous 2-byte loads.
+// std::conditional_t instantiates both declarations, so the cp.async copier of the 2-byte
+// variant is named with a placeholder width it never uses.
+template <class Tr, int kVecBytes>
+struct TileSources {
+  static constexpr bool kCF = Tr::kCF;
+  static constexpr bool kAsync = kVecBytes >= 4;
+  static constexpr int kCpBytes = kAsync ? kVecBytes : 16;
+  template <class Tile>
+  using Copier =
+      std::conditional_t<kAsync, TileCopier<Tile, kCF, kCpBytes>, TileScalarCopier<Tile>>;
+
+  const uint16_t* q;  // token 0 of the head
+  const uint16_t* k;
+  const uint16_t* v;
+  int64_t q_rs, k_rs, v_rs;  // between tile rows, elements
+  Copier<typename Tr::QTile> q_copier;
+  Copier<typename Tr::KTile> k_copier;
+  Copier<typename Tr::VTile> v_copier;
+
+  __device__ __forceinline__ TileSources(const FwdParams& p, int b, int h, int tid)
+      : q(head(p.q, b, h)),
+        k(head(p.k, b, h)),
+        v(head(p.v, b, h)),
+        q_rs(row_stride(p.q)),
+        k_rs(row_stride(p.k)),
+        v_rs(row_stride(p.v)),
+        q_copier(tid, q_rs),
+        k_copier(tid, k_rs),
+        v_copier(tid, v_rs) {}
+
+  __device__ __forceinline__ static const uint16_t* head(const Strided4& s, int b, int h) {
+    return static_cast<const uint16_t*>(s.ptr) + b * s.stride_b + h * s.stride_h;
+  }
+  __device__ __forceinline__ static int64_t row_stride(const Strided4& s) {
+    return kCF ? s.stride_d : s.stride_n;
+  }
+  // Token n of a head: n elements along the rows channel-first, n rows down token-major.
+  __device__ __forceinline__ static const uint16_t* at(const uint16_t* head, int64_t rs, int n) {
+    return kCF ? head + n : head + n * rs;
+  }
+  __device__ __forceinline__ const uint16_t* q_at(int n) const { return at(q, q_rs, n); }
+  __device__ __forceinline__ const uint16_t* k_at(int n) const { return at(k, k_rs, n); }
+  __device__ __forceinline__ const uint16_t* v_at(int n) const { return at(v, v_rs, n); }
+};
+
+// This warp's Q fragments (the A operand, its 16 rows x kKSteps k16 steps) from the shared Q
+// tile. r[i] of a step must be the 8x8 block (rows (i%2)*8.., k (i/2)*8..) of the warp's 16 x 16
+// slice: channel-first tiles are stored [d][m], so the block is the transpose of 8 d-rows x 8
+// m-columns (ldmatrix.trans); token-major ones [m][d] (plain ldmatrix).
+template <class QTile, bool kCF, int kKSteps>
+__device__ __forceinline__ void load_q_fragments(uint32_t (&qf)[kKSteps][4], uint32_t sQ,
+                                                 int warp, int lane) {
+  const int li = lane / 8;  // which 8x8 matrix this lane addresses in an ldmatrix.x4
+  const int lr = lane % 8;  // which row of it
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+    if constexpr (kCF) {
+      const int row = kk * 16 + (li / 2) * 8 + lr;
+      const int chunk = warp * 2 + (li % 2);
+      ldsm_x4_trans(qf[kk], sQ + 2u * QTile::offset(row, chunk));
+    } else {
+      const int row = warp * 16 + (li % 2) * 8 + lr;
+      const int chunk = kk * 2 + (li / 2);
+      ldsm_x4(qf[kk], sQ + 2u * QTile::offset(row, chunk));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The epilogue
 // ---------------------------------------------------------------------------------------------
 // Writes lse and the normalised output of this CTA's kBlockM query rows from the warps' O
 // accumulators (C fragments, 16 rows per warp) and softmax state. The caller has made the
@@ -560,63 +634,22 @@ __global__ void __launch_bounds__(kThreads,
   const int h = bh % params.heads;
   const int m0 = blockIdx.x * kBlockM;
 
-  auto head_ptr = [&](const Strided4& s) {
-    return static_cast<const uint16_t*>(s.ptr) + b * s.stride_b + h * s.stride_h;
-  };
-  const uint16_t* q_head = head_ptr(params.q);
-  const uint16_t* k_head = head_ptr(params.k);
-  const uint16_t* v_head = head_ptr(params.v);
-  // Stride between tile rows in global memory, and the offset of token n within a tile row.
-  const int64_t q_rs = kCF ? params.q.stride_d : params.q.stride_n;
-  const int64_t k_rs = kCF ? params.k.stride_d : params.k.stride_n;
-  const int64_t v_rs = kCF ? params.v.stride_d : params.v.stride_n;
-  auto at_token = [&](const uint16_t* head, int64_t rs, int n) {
-    return kCF ? head + n : head + n * rs;
-  };
-
   const int n_tiles = (N + kBlockN - 1) / kBlockN;
-
-  // kVecBytes = 2 (odd N, channel-first) has no cp.async form: synchronous 2-byte loads.
-  // std::conditional_t instantiates both declarations, so the cp.async copier of the 2-byte
-  // variant is named with a placeholder width it never uses.
-  constexpr bool kAsync = kVecBytes >= 4;
-  constexpr int kCpBytes = kAsync ? kVecBytes : 16;
-  using QCopier = std::conditional_t<kAsync, TileCopier<QTile, kCF, kCpBytes>,
-                                     TileScalarCopier<QTile>>;
-  using KCopier = std::conditional_t<kAsync, TileCopier<KTile, kCF, kCpBytes>,
-                                     TileScalarCopier<KTile>>;
-  using VCopier = std::conditional_t<kAsync, TileCopier<VTile, kCF, kCpBytes>,
-                                     TileScalarCopier<VTile>>;
-  const QCopier q_copier(tid, q_rs);
-  const KCopier k_copier(tid, k_rs);
-  const VCopier v_copier(tid, v_rs);
+  const TileSources<Tr, kVecBytes> src(params, b, h, tid);
 
   // Prologue: Q and K tile 0 form one cp.async group, V tile 0 the next, so the S = Q K^T of
   // tile 0 can start while V is still in flight.
-  q_copier.copy(sQ, at_token(q_head, q_rs, m0), N - m0);
-  k_copier.copy(sK, k_head, N);
+  src.q_copier.copy(sQ, src.q_at(m0), N - m0);
+  src.k_copier.copy(sK, src.k, N);
   cp_async_commit();
-  v_copier.copy(sV, v_head, N);
+  src.v_copier.copy(sV, src.v, N);
   cp_async_commit();
   cp_async_wait<1>();
   __syncthreads();
 
   // Q fragments (A operand, 16 rows of this warp x kDk) stay in registers for the whole loop.
   uint32_t qf[kKSteps][4];
-#pragma unroll
-  for (int kk = 0; kk < kKSteps; ++kk) {
-    // r[i] must be the 8x8 block (rows (i%2)*8.., k (i/2)*8..) of this warp's 16 x 16 slice.
-    if constexpr (kCF) {
-      // Stored [d][m]: the block is the transpose of 8 d-rows x 8 m-columns.
-      const int row = kk * 16 + (li / 2) * 8 + lr;
-      const int chunk = warp * 2 + (li % 2);
-      ldsm_x4_trans(qf[kk], sQ + 2u * QTile::offset(row, chunk));
-    } else {
-      const int row = warp * 16 + (li % 2) * 8 + lr;
-      const int chunk = kk * 2 + (li / 2);
-      ldsm_x4(qf[kk], sQ + 2u * QTile::offset(row, chunk));
-    }
-  }
+  load_q_fragments<QTile, kCF>(qf, sQ, warp, lane);
 
   float o[kOTiles][4];
 #pragma unroll
@@ -639,13 +672,13 @@ __global__ void __launch_bounds__(kThreads,
     // Prefetch tile j+1 into the other stage; the groups are committed even when empty so the
     // wait counts above and below stay the same on the last tile.
     if (j + 1 < n_tiles) {
-      k_copier.copy(sK + (stage ^ 1) * KTile::kBytes, at_token(k_head, k_rs, n0 + kBlockN),
-                    N - n0 - kBlockN);
+      src.k_copier.copy(sK + (stage ^ 1) * KTile::kBytes, src.k_at(n0 + kBlockN),
+                        N - n0 - kBlockN);
     }
     cp_async_commit();
     if (j + 1 < n_tiles) {
-      v_copier.copy(sV + (stage ^ 1) * VTile::kBytes, at_token(v_head, v_rs, n0 + kBlockN),
-                    N - n0 - kBlockN);
+      src.v_copier.copy(sV + (stage ^ 1) * VTile::kBytes, src.v_at(n0 + kBlockN),
+                        N - n0 - kBlockN);
     }
     cp_async_commit();
 

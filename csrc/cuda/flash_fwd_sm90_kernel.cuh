@@ -113,8 +113,6 @@ __global__ void __launch_bounds__(kThreads,
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int t = lane % 4;
-  const int li = lane / 8;
-  const int lr = lane % 8;
 
   const int N = params.seqlen;
   const int bh = blockIdx.y;
@@ -122,32 +120,8 @@ __global__ void __launch_bounds__(kThreads,
   const int h = bh % params.heads;
   const int m0 = blockIdx.x * kBlockM;
 
-  auto head_ptr = [&](const Strided4& s) {
-    return static_cast<const uint16_t*>(s.ptr) + b * s.stride_b + h * s.stride_h;
-  };
-  const uint16_t* q_head = head_ptr(params.q);
-  const uint16_t* k_head = head_ptr(params.k);
-  const uint16_t* v_head = head_ptr(params.v);
-  const int64_t q_rs = kCF ? params.q.stride_d : params.q.stride_n;
-  const int64_t k_rs = kCF ? params.k.stride_d : params.k.stride_n;
-  const int64_t v_rs = kCF ? params.v.stride_d : params.v.stride_n;
-  auto at_token = [&](const uint16_t* head, int64_t rs, int n) {
-    return kCF ? head + n : head + n * rs;
-  };
-
   const int n_tiles = (N + kBlockN - 1) / kBlockN;
-
-  constexpr bool kAsync = kVecBytes >= 4;
-  constexpr int kCpBytes = kAsync ? kVecBytes : 16;
-  using QCopier = std::conditional_t<kAsync, TileCopier<QTile, kCF, kCpBytes>,
-                                     TileScalarCopier<QTile>>;
-  using KCopier = std::conditional_t<kAsync, TileCopier<KTile, kCF, kCpBytes>,
-                                     TileScalarCopier<KTile>>;
-  using VCopier = std::conditional_t<kAsync, TileCopier<VTile, kCF, kCpBytes>,
-                                     TileScalarCopier<VTile>>;
-  const QCopier q_copier(tid, q_rs);
-  const KCopier k_copier(tid, k_rs);
-  const VCopier v_copier(tid, v_rs);
+  const TileSources<Tr, kVecBytes> src(params, b, h, tid);
   // Step j's keys into stage j % 2; the range checks only where the step reaches N.
   auto copy_tiles = [&](const auto& copier, uint32_t stage, int tile_bytes, const uint16_t* head,
                         int64_t rs, int j) {
@@ -157,17 +131,17 @@ __global__ void __launch_bounds__(kThreads,
       const int n0 = j * kBlockN + u * kTileN;
       const uint32_t dst = stage + u * tile_bytes;
       if (full) {
-        copier.copy_full(dst, at_token(head, rs, n0));
+        copier.copy_full(dst, src.at(head, rs, n0));
       } else {
-        copier.copy(dst, at_token(head, rs, n0), N - n0);
+        copier.copy(dst, src.at(head, rs, n0), N - n0);
       }
     }
   };
   auto copy_k = [&](int j) {
-    copy_tiles(k_copier, sK + (j & 1) * Tr::kKStageBytes, KTile::kBytes, k_head, k_rs, j);
+    copy_tiles(src.k_copier, sK + (j & 1) * Tr::kKStageBytes, KTile::kBytes, src.k, src.k_rs, j);
   };
   auto copy_v = [&](int j) {
-    copy_tiles(v_copier, sV + (j & 1) * Tr::kVStageBytes, VTile::kBytes, v_head, v_rs, j);
+    copy_tiles(src.v_copier, sV + (j & 1) * Tr::kVStageBytes, VTile::kBytes, src.v, src.v_rs, j);
   };
   // Every wgmma reads what other threads copied: their copies must have landed (cp.async
   // wait), be made visible to the async proxy, and be published by a barrier.
@@ -178,7 +152,7 @@ __global__ void __launch_bounds__(kThreads,
   };
 
   // Prologue: Q and K tile 0 first; K tile 1 and V tile 0 arrive while S_0 is computed.
-  q_copier.copy(sQ, at_token(q_head, q_rs, m0), N - m0);
+  src.q_copier.copy(sQ, src.q_at(m0), N - m0);
   copy_k(0);
   cp_async_commit();
   if (n_tiles > 1) copy_k(1);
@@ -190,18 +164,7 @@ __global__ void __launch_bounds__(kThreads,
 
   // Q fragments (A operand, 16 rows of this warp x kDk), as in the mma.sync kernel.
   uint32_t qf[kKSteps][4];
-#pragma unroll
-  for (int kk = 0; kk < kKSteps; ++kk) {
-    if constexpr (kCF) {
-      const int row = kk * 16 + (li / 2) * 8 + lr;
-      const int chunk = warp * 2 + (li % 2);
-      ldsm_x4_trans(qf[kk], sQ + 2u * QTile::offset(row, chunk));
-    } else {
-      const int row = warp * 16 + (li % 2) * 8 + lr;
-      const int chunk = kk * 2 + (li / 2);
-      ldsm_x4(qf[kk], sQ + 2u * QTile::offset(row, chunk));
-    }
-  }
+  load_q_fragments<QTile, kCF>(qf, sQ, warp, lane);
 
   const uint64_t k_desc = KOp::descriptor(sK);
   const uint64_t v_desc = VOp::descriptor(sV);
