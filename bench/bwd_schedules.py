@@ -1,6 +1,8 @@
-"""The two backward schedules side by side: kernel time of torch.ops.psa_fa2.bwd with
+"""The backward schedules side by side: kernel time of torch.ops.psa_fa2.bwd with
 deterministic=False (schedule (a): K/V-tile CTAs, dQ by fp32 atomics) and deterministic=True
 (schedule (b): row-tile CTAs, no atomics), on the benchmark's shapes, channel-first (32, 64).
+On Hopper also schedule (a) on the wgmma kernel (PSA_FA2_SM90_BACKWARD=1), with the largest
+relative difference of its gradients from the mma.sync kernel's.
 
     python bench/bwd_schedules.py [--dtypes bf16 fp16] [--shapes 16x4x400 ...]
 
@@ -9,6 +11,7 @@ calls between CUDA events, divided by `CALLS`: device time only, no launch gaps.
 markdown table.
 """
 import argparse
+import os
 import statistics
 
 import torch
@@ -66,16 +69,48 @@ def main():
     p.add_argument("--shapes", nargs="+", type=parse_shape, default=SHAPES, metavar="BxHxN")
     args = p.parse_args()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}\n")
-    print("| dtype | B×H×N | (a) atomic dQ us | (b) combined us | (b)/(a) |")
-    print("|---|---|---|---|---|")
+    hopper = torch.cuda.get_device_capability() == (9, 0)
+    if hopper:
+        print("| dtype | B×H×N | (a) atomic dQ us | (b) combined us | (b)/(a) "
+              "| (a) wgmma us | (a)/(a) wgmma | wgmma rel. diff |")
+        print("|---|---|---|---|---|---|---|---|")
+    else:
+        print("| dtype | B×H×N | (a) atomic dQ us | (b) combined us | (b)/(a) |")
+        print("|---|---|---|---|---|")
     for name in args.dtypes:
         for B, H, N in args.shapes:
             a = bwd_inputs(B, H, N, DTYPES[name])
             t_a = graph_time_us(lambda: torch.ops.psa_fa2.bwd(*a, "fast", False))
             t_b = graph_time_us(lambda: torch.ops.psa_fa2.bwd(*a, "fast", True))
-            print(f"| {name} | {B}×{H}×{N} | {t_a:.1f} | {t_b:.1f} | {t_b / t_a:.2f} |", flush=True)
+            row = f"| {name} | {B}×{H}×{N} | {t_a:.1f} | {t_b:.1f} | {t_b / t_a:.2f} |"
+            if hopper:
+                t_w, diff = wgmma_backward(a)
+                row += f" {t_w:.1f} | {t_a / t_w:.2f} | {diff:.1e} |"
+            print(row, flush=True)
             del a
             torch.cuda.empty_cache()
+
+
+def gradients(args):
+    """dq, dk, dv of one fresh (accumulate=False) backward of args."""
+    dq, dk, dv = (torch.empty_like(t) for t in args[7:])
+    torch.ops.psa_fa2.bwd(*args[:7], dq, dk, dv, "fast", False, False)
+    return dq, dk, dv
+
+
+def wgmma_backward(args):
+    """Kernel time of schedule (a) on the wgmma kernel, and the largest relative difference
+    (max |x - y| / max |y|) of its gradients from the mma.sync kernel's."""
+    reference = gradients(args)
+    os.environ["PSA_FA2_SM90_BACKWARD"] = "1"
+    try:
+        t_w = graph_time_us(lambda: torch.ops.psa_fa2.bwd(*args, "fast", False))
+        ours = gradients(args)
+    finally:
+        os.environ.pop("PSA_FA2_SM90_BACKWARD")
+    diff = max(((x.float() - y.float()).abs().max() / y.float().abs().max()).item()
+               for x, y in zip(ours, reference))
+    return t_w, diff
 
 
 if __name__ == "__main__":

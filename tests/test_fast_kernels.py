@@ -36,11 +36,50 @@ def on_hopper():
 
 
 def test_hopper_builds_run_the_wgmma_forward():
-    """On compute capability 9.0 the default build (9.0 -> 9.0a) has the wgmma forward: a
-    build that lost it would silently run the slower mma.sync kernel."""
+    """On compute capability 9.0 the default build (9.0 -> 9.0a) has the wgmma kernels: a
+    build that lost them would silently run the slower mma.sync ones."""
     if not on_hopper():
         pytest.skip("needs a compute capability 9.0 (Hopper) GPU")
-    assert "flash_fwd_sm90" in psa_fa2_ext.build_info()["cuda_kernels"]
+    kernels = psa_fa2_ext.build_info()["cuda_kernels"]
+    assert "flash_fwd_sm90" in kernels and "flash_bwd_sm90" in kernels
+
+
+def cuda_kernels_run(fn):
+    """The names of the CUDA kernels that fn() launches."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_environment_selects_the_hopper_kernels(layout, monkeypatch):
+    """By default Hopper runs the wgmma forward and the mma.sync backward;
+    PSA_FA2_SM90_BACKWARD=1 selects the wgmma backward (schedule (a) only: deterministic mode
+    keeps the combined schedule) and PSA_FA2_DISABLE_SM90=1 turns every wgmma kernel off."""
+    if not on_hopper():
+        pytest.skip("needs a compute capability 9.0 (Hopper) GPU")
+    grads = fast_backward(make_qkv(1, 2, 400, 32, 64, torch.bfloat16, "cuda", layout)[1:], False)
+    q, k, v = make_qkv(1, 2, 400, 32, 64, torch.bfloat16, "cuda", layout)[1:]
+
+    def names(env, step):
+        for name in ("PSA_FA2_SM90_BACKWARD", "PSA_FA2_DISABLE_SM90"):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        return " ".join(sorted(cuda_kernels_run(step)))
+
+    forward = lambda: torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")  # noqa: E731
+    assert "flash_fwd_sm90_kernel" in names({}, forward)
+    assert "flash_fwd_sm90_kernel" not in names({"PSA_FA2_DISABLE_SM90": "1"}, forward)
+    default_bwd = names({}, grads)
+    assert "bwd_atomic_dq_kernel" in default_bwd and "flash_bwd_sm90_kernel" not in default_bwd
+    assert "flash_bwd_sm90_kernel" in names({"PSA_FA2_SM90_BACKWARD": "1"}, grads)
+    off = names({"PSA_FA2_SM90_BACKWARD": "1", "PSA_FA2_DISABLE_SM90": "1"}, grads)
+    assert "flash_bwd_sm90_kernel" not in off and "bwd_atomic_dq_kernel" in off
+    deterministic = fast_backward((q, k, v), True)
+    assert "flash_bwd_sm90_kernel" not in names({"PSA_FA2_SM90_BACKWARD": "1"}, deterministic)
 
 
 @pytest.mark.parametrize("N", FAST_SEQLENS)
@@ -62,6 +101,20 @@ def test_forward_fast_mma_sync_on_hopper(N, dtype, layout, monkeypatch):
 @pytest.mark.parametrize("deterministic", [False, True], ids=["atomic_dq", "deterministic"])
 def test_backward_fast(N, dk, dv, dtype, layout, deterministic):
     check_backward("cuda", "fast", N, dk, dv, dtype, layout, deterministic)
+
+
+@pytest.mark.parametrize("N", FAST_SEQLENS + [128, 129, 6400])
+@layouts
+@dtypes
+def test_backward_fast_wgmma_on_hopper(N, dtype, layout, monkeypatch):
+    """PSA_FA2_SM90_BACKWARD=1 runs (32, 64)'s schedule (a) on the wgmma kernel on Hopper:
+    every copy width, tails of both the owned keys and the streamed rows (N = 129: a CTA whose
+    second warpgroup owns one key; N < 64: a warpgroup wholly past N), accumulate and
+    overwrite, NaN-filled outputs."""
+    if not on_hopper():
+        pytest.skip("needs a compute capability 9.0 (Hopper) GPU")
+    monkeypatch.setenv("PSA_FA2_SM90_BACKWARD", "1")
+    check_backward("cuda", "fast", N, 32, 64, dtype, layout)
 
 
 def fast_backward(qkv, deterministic, scale=32 ** -0.5):

@@ -1,9 +1,16 @@
 // Host dispatch of the fast backward: (dtype, dk, dv, layout) -> instantiation, plus the
 // checks that decide when the caller must fall back to reference_bwd.
+//
+// Schedule (a) on Hopper: with PSA_FA2_SM90_BACKWARD=1 and sm90_kernels_enabled()
+// (sm90_device.h), the wgmma kernel of flash_bwd_sm90_kernel.cuh runs where it has an
+// instantiation (32, 64), on the same workspace; otherwise, and by default, the mma.sync kernel.
 #include <cstdint>
 
+#include "bwd_copy_width.h"
 #include "flash_bwd_instances.h"
+#include "flash_bwd_sm90_instances.h"
 #include "launchers.h"
+#include "sm90_device.h"
 
 namespace psa_fa2 {
 namespace {
@@ -30,6 +37,21 @@ const Instance* find(const BwdParams& p) {
     if (in.dtype == p.dtype && in.dk == p.head_dim_qk && in.dv == p.head_dim_v &&
         in.layout == p.layout)
       return &in;
+  return nullptr;
+}
+
+using Sm90Fn = void (*)(const BwdParams&, cudaStream_t);
+
+// The Hopper kernel for schedule (a), if it is selected and covers p.
+Sm90Fn find_sm90(const BwdParams& p) {
+  if (!env_flag_set("PSA_FA2_SM90_BACKWARD") || !sm90_kernels_enabled()) return nullptr;
+  const int vec = p.layout == Layout::kTokenMajor ? 16 : fbwd::channel_first_granularity(p);
+#define PSA_FA2_MATCH(dt, dk, dv, lay, width)                                              \
+  if (p.dtype == DType::dt && p.head_dim_qk == dk && p.head_dim_v == dv &&                 \
+      p.layout == Layout::lay && vec == width)                                             \
+    return &flash_bwd_sm90_instance<DType::dt, dk, dv, Layout::lay, width>;
+  PSA_FA2_BWD_SM90_INSTANCES(PSA_FA2_MATCH)
+#undef PSA_FA2_MATCH
   return nullptr;
 }
 
@@ -75,7 +97,12 @@ size_t flash_bwd_workspace_bytes_with(const BwdParams& p, BwdSchedule schedule) 
 
 void flash_bwd_with(const BwdParams& p, BwdSchedule schedule, cudaStream_t stream) {
   const Instance* in = find(p);
-  if (in != nullptr) in->run(p, resolve(p, schedule), stream);
+  if (in == nullptr) return;
+  const BwdSchedule resolved = resolve(p, schedule);
+  if (resolved == BwdSchedule::kAtomicDQ) {
+    if (Sm90Fn run = find_sm90(p)) return run(p, stream);
+  }
+  in->run(p, resolved, stream);
 }
 
 bool flash_bwd_supported(const BwdParams& p) {

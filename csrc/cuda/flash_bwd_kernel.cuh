@@ -32,6 +32,7 @@
 
 #include "attention_params.h"
 #include "launch_util.h"
+#include "bwd_copy_width.h"
 #include "flash_bwd_instances.h"
 #include "mma_softmax.cuh"
 
@@ -151,6 +152,29 @@ __device__ __forceinline__ void red_add4(float* addr, float a, float b, float c,
   atomicAdd(addr + 2, c);
   atomicAdd(addr + 3, d);
 #endif
+}
+
+// Adds a warp's 16 x 16 block of dQ (two C fragments: columns col0 .. col0 + 7 and col0 + 8 ..
+// col0 + 15) to the fp32 workspace, whose block starts at row0 (rows of kD floats). Pair lanes
+// (t, t^1) swap halves so each lane holds 4 consecutive columns of one row (even lanes row g,
+// odd lanes row g+8): one vector reduction per lane and C fragment.
+template <int kD>
+__device__ __forceinline__ void red_add_dq_block(float* row0, const float (&q)[2][4], int col0) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const bool odd = t & 1;
+  float* rowbase = row0 + (g + (odd ? 8 : 0)) * kD;
+#pragma unroll
+  for (int nt = 0; nt < 2; ++nt) {
+    const float x0 = q[nt][0], x1 = q[nt][1], x2 = q[nt][2], x3 = q[nt][3];
+    const float y0 = __shfl_xor_sync(0xffffffffu, odd ? x0 : x2, 1);
+    const float y1 = __shfl_xor_sync(0xffffffffu, odd ? x1 : x3, 1);
+    const int col = col0 + nt * 8 + 2 * (t & ~1);
+    if (odd) {
+      red_add4(rowbase + col, y0, y1, x2, x3);
+    } else {
+      red_add4(rowbase + col, x0, x1, y0, y1);
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -651,22 +675,7 @@ __device__ __forceinline__ void owner_pass(const BwdParams& p, char* smem, int b
           mma<T>(q[0], a, bf[0], bf[2]);
           mma<T>(q[1], a, bf[1], bf[3]);
         }
-        // Pair lanes (t, t^1) swap halves so each lane holds 4 consecutive columns of one
-        // row: even lanes row g, odd lanes row g+8.
-        const bool odd = t & 1;
-        float* rowbase = ws + (bh * n_pad + str0 + mt * 16 + g + (odd ? 8 : 0)) * kDQK;
-#pragma unroll
-        for (int nt = 0; nt < 2; ++nt) {
-          const float x0 = q[nt][0], x1 = q[nt][1], x2 = q[nt][2], x3 = q[nt][3];
-          const float y0 = __shfl_xor_sync(0xffffffffu, odd ? x0 : x2, 1);
-          const float y1 = __shfl_xor_sync(0xffffffffu, odd ? x1 : x3, 1);
-          const int col = np * 16 + nt * 8 + 2 * (t & ~1);
-          if (odd) {
-            red_add4(rowbase + col, y0, y1, x2, x3);
-          } else {
-            red_add4(rowbase + col, x0, x1, y0, y1);
-          }
-        }
+        red_add_dq_block<kDQK>(ws + (bh * n_pad + str0 + mt * 16) * kDQK, q, np * 16);
       }
     }
   }
@@ -827,24 +836,6 @@ __global__ void __launch_bounds__(C::kThreads, 1)
 // Host side
 // ---------------------------------------------------------------------------------------
 inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
-
-// Largest power of two (<= 16 bytes) dividing every channel-first base pointer and every
-// stride that moves between chunks (batch, head, channel): the copy width load_tile and
-// store_tile may use. Token-major inputs are required to be 16-byte aligned outright.
-inline int channel_first_granularity(const BwdParams& p) {
-  int gran = 16;
-  auto fold = [&](uint64_t bytes) {
-    while (gran > 2 && bytes % gran != 0) gran /= 2;
-  };
-  const Strided4* all[] = {&p.q, &p.k, &p.v, &p.out, &p.dout, &p.dq, &p.dk, &p.dv};
-  for (const Strided4* s : all) {
-    fold(reinterpret_cast<uintptr_t>(s->ptr));
-    if (p.batch > 1) fold(uint64_t(s->stride_b) * 2);
-    if (p.heads > 1) fold(uint64_t(s->stride_h) * 2);
-    fold(uint64_t(s->stride_d) * 2);
-  }
-  return gran;
-}
 
 template <class C>
 inline size_t workspace_bytes(const BwdParams& p, BwdSchedule s) {

@@ -3,17 +3,15 @@
 // false from flash_fwd_supported, and the caller falls back to reference_fwd.
 //
 // On Hopper (compute capability 9.0) the wgmma kernel (flash_fwd_sm90_kernel.cuh) runs where it
-// has an instantiation, when the extension was built for sm_90a (PSA_FA2_WITH_SM90A, set by
-// setup.py) and PSA_FA2_DISABLE_SM90 is not 1; the mma.sync kernel everywhere else. Both compute
+// has an instantiation and sm90_kernels_enabled() (sm90_device.h: an sm_90a build, and
+// PSA_FA2_DISABLE_SM90 not 1); the mma.sync kernel everywhere else. Both compute
 // the same math in fp32 on the same bf16 / fp16 probabilities; only the tensor-core summation
 // order differs.
-#include <cstdlib>
-#include <cstring>
-
 #include "flash_fwd_instances.h"
 #include "flash_fwd_sm90_instances.h"
 #include "fwd_dispatch_common.h"
 #include "launchers.h"
+#include "sm90_device.h"
 
 namespace psa_fa2 {
 namespace {
@@ -41,30 +39,6 @@ Launcher find_sm90_launcher(const FwdParams& p, int vec_bytes) {
 }
 
 #undef PSA_FA2_MATCH
-
-// The current device is a Hopper GPU that the sm_90a code of this build runs on.
-bool on_sm90a_device() {
-#if defined(PSA_FA2_WITH_SM90A)
-  constexpr int kMaxDevices = 64;
-  static signed char cached[kMaxDevices];  // 0 unknown, 1 yes, -1 no
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (device < kMaxDevices && cached[device] != 0) return cached[device] > 0;
-  int major = 0, minor = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  const bool yes = major == 9 && minor == 0;
-  if (device < kMaxDevices) cached[device] = yes ? 1 : -1;
-  return yes;
-#else
-  return false;
-#endif
-}
-
-bool sm90_kernels_enabled() {
-  const char* off = std::getenv("PSA_FA2_DISABLE_SM90");
-  return !(off != nullptr && std::strcmp(off, "1") == 0) && on_sm90a_device();
-}
 
 Launcher select(const FwdParams& p) {
   if (!fwd_dispatch::params_ok(p)) return nullptr;

@@ -326,21 +326,24 @@ struct TileScalarCopier {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Shared by the kernels of this file and flash_fwd_sm90_kernel.cuh
+// Shared by the kernels of this file and the Hopper kernels (flash_*_sm90_kernel.cuh)
 // ---------------------------------------------------------------------------------------------
+// The copier of a tile with kVecBytes-wide global vectors. kVecBytes = 2 (odd N, channel-first)
+// has no cp.async form: synchronous 2-byte loads. std::conditional_t instantiates both
+// declarations, so the cp.async copier of the 2-byte variant is named with a placeholder width
+// it never uses.
+template <class Tile, bool kCF, int kVecBytes>
+using CopierFor = std::conditional_t<(kVecBytes >= 4),
+                                     TileCopier<Tile, kCF, (kVecBytes >= 4 ? kVecBytes : 16)>,
+                                     TileScalarCopier<Tile>>;
+
 // The global side of one CTA's Q / K / V tiles: the (batch, head)'s base pointers, the stride
 // between tile rows (d channel-first, tokens token-major) and the copiers of Tr's tiles.
-// kVecBytes = 2 (odd N, channel-first) has no cp.async form: synchronous 2-byte loads.
-// std::conditional_t instantiates both declarations, so the cp.async copier of the 2-byte
-// variant is named with a placeholder width it never uses.
 template <class Tr, int kVecBytes>
 struct TileSources {
   static constexpr bool kCF = Tr::kCF;
-  static constexpr bool kAsync = kVecBytes >= 4;
-  static constexpr int kCpBytes = kAsync ? kVecBytes : 16;
   template <class Tile>
-  using Copier =
-      std::conditional_t<kAsync, TileCopier<Tile, kCF, kCpBytes>, TileScalarCopier<Tile>>;
+  using Copier = CopierFor<Tile, kCF, kVecBytes>;
 
   const uint16_t* q;  // token 0 of the head
   const uint16_t* k;
@@ -376,12 +379,13 @@ struct TileSources {
   __device__ __forceinline__ const uint16_t* v_at(int n) const { return at(v, v_rs, n); }
 };
 
-// This warp's Q fragments (the A operand, its 16 rows x kKSteps k16 steps) from the shared Q
-// tile. r[i] of a step must be the 8x8 block (rows (i%2)*8.., k (i/2)*8..) of the warp's 16 x 16
-// slice: channel-first tiles are stored [d][m], so the block is the transpose of 8 d-rows x 8
-// m-columns (ldmatrix.trans); token-major ones [m][d] (plain ldmatrix).
+// This warp's A fragments (its 16 tokens x kKSteps k16 steps over d) from a shared tile of
+// 4 x 16 tokens: Q in the forward kernels, K and V in the Hopper backward. r[i] of a step must
+// be the 8x8 block (rows (i%2)*8.., k (i/2)*8..) of the warp's 16 x 16 slice: channel-first
+// tiles are stored [d][m], so the block is the transpose of 8 d-rows x 8 m-columns
+// (ldmatrix.trans); token-major ones [m][d] (plain ldmatrix).
 template <class QTile, bool kCF, int kKSteps>
-__device__ __forceinline__ void load_q_fragments(uint32_t (&qf)[kKSteps][4], uint32_t sQ,
+__device__ __forceinline__ void load_a_fragments(uint32_t (&qf)[kKSteps][4], uint32_t sQ,
                                                  int warp, int lane) {
   const int li = lane / 8;  // which 8x8 matrix this lane addresses in an ldmatrix.x4
   const int lr = lane % 8;  // which row of it
@@ -649,7 +653,7 @@ __global__ void __launch_bounds__(kThreads,
 
   // Q fragments (A operand, 16 rows of this warp x kDk) stay in registers for the whole loop.
   uint32_t qf[kKSteps][4];
-  load_q_fragments<QTile, kCF>(qf, sQ, warp, lane);
+  load_a_fragments<QTile, kCF>(qf, sQ, warp, lane);
 
   float o[kOTiles][4];
 #pragma unroll

@@ -67,6 +67,8 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   using KOperand = wgmma::OperandB<KTile, !kCF>;
   // O = P V: k = key. Channel-first V tiles are [dv][key]: their columns run along k.
   using VOperand = wgmma::OperandB<VTile, kCF>;
+  static_assert(KOperand::kNExtent == kTileN && VOperand::kNExtent == kDv,
+                "each wgmma reads whole tiles: n = 64 keys for S, n = dv for O");
   // Resident CTAs per SM (__launch_bounds__): 3 (<= 168 registers) leave ptxas room; it uses
   // about 128, so 4 CTAs fit. The 2-byte loads of odd N (32 in flight) and two tiles per step
   // need 2 to stay free of spills. PSA_FA2_SM90_MIN_BLOCKS overrides it (experiments).
@@ -164,7 +166,7 @@ __global__ void __launch_bounds__(kThreads,
 
   // Q fragments (A operand, 16 rows of this warp x kDk), as in the mma.sync kernel.
   uint32_t qf[kKSteps][4];
-  load_q_fragments<QTile, kCF>(qf, sQ, warp, lane);
+  load_a_fragments<QTile, kCF>(qf, sQ, warp, lane);
 
   const uint64_t k_desc = KOp::descriptor(sK);
   const uint64_t v_desc = VOp::descriptor(sV);

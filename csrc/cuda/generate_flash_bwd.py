@@ -4,6 +4,9 @@
 One translation unit per instantiation lets the build compile them in parallel and keeps
 each compile small. Also writes flash_bwd_instances.h, whose X-macro list is what
 flash_bwd_dispatch.cu switches over, so adding a head-dim pair here is the whole change.
+The Hopper (wgmma) backward of flash_bwd_sm90_kernel.cuh has its own units, one per
+(dtype, head dims, layout) with the channel-first copy widths 8, 4 and 2 bytes ("cfu") apart
+from 16 ("cf"), and flash_bwd_sm90_instances.h (SM90_HEAD_DIMS).
 
     python csrc/cuda/generate_flash_bwd.py      # rewrites the files next to this script
 """
@@ -16,6 +19,7 @@ from generator_util import remove_stale
 # (dk, dv): (32, 64) is every shipped YOLO PSA / C2PSA block; the rest are the common
 # square heads and the attention-ratio-0.5 family.
 HEAD_DIMS = [(32, 64), (16, 16), (32, 32), (64, 64), (64, 128), (128, 128)]
+SM90_HEAD_DIMS = [(32, 64)]
 DTYPES = {"bf16": "kBFloat16", "fp16": "kFloat16"}
 LAYOUTS = {"tm": "kTokenMajor", "cf": "kChannelFirst"}
 
@@ -70,6 +74,62 @@ size_t flash_bwd_instance_workspace(const BwdParams& params, BwdSchedule schedul
 """
 
 
+SM90_VARIANTS = {"tm": ("kTokenMajor", [16]), "cf": ("kChannelFirst", [16]),
+                 "cfu": ("kChannelFirst", [8, 4, 2])}
+
+SM90_UNIT = BANNER + """#include "flash_bwd_sm90_kernel.cuh"
+
+namespace psa_fa2 {{
+{instances}}}  // namespace psa_fa2
+"""
+
+SM90_HEADER = BANNER + """// Declarations of the Hopper backward instantiations (flash_bwd_sm90_kernel.cuh) and the
+// list flash_bwd_dispatch.cu walks.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "attention_params.h"
+
+namespace psa_fa2 {{
+
+// Schedule (a) on wgmma: the preprocess, the kernel and the dQ conversion, on the workspace of
+// flash_bwd_instance_workspace(..., BwdSchedule::kAtomicDQ). kVecBytes: the global copy width
+// (fbwd::channel_first_granularity; 16 token-major).
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
+void flash_bwd_sm90_instance(const BwdParams& params, cudaStream_t stream);
+
+{externs}
+}}  // namespace psa_fa2
+
+// X(dtype, dk, dv, layout, copy width) for every instantiation above.
+#define PSA_FA2_BWD_SM90_INSTANCES(X) \\
+{entries}
+"""
+
+
+def sm90_targs(dt: str, dk: int, dv: int, lay: str, vec: int) -> str:
+    return f"DType::{dt}, {dk}, {dv}, Layout::{lay}, {vec}"
+
+
+def write_sm90() -> list:
+    written, externs, entries = [], [], []
+    for tag, dt in DTYPES.items():
+        for dk, dv in SM90_HEAD_DIMS:
+            for vtag, (lay, vecs) in SM90_VARIANTS.items():
+                name = f"flash_bwd_sm90_{tag}_{dk}x{dv}_{vtag}.cu"
+                decls = [f"flash_bwd_sm90_instance<{sm90_targs(dt, dk, dv, lay, v)}>(\n"
+                         "    const BwdParams&, cudaStream_t);\n" for v in vecs]
+                (HERE / name).write_text(
+                    SM90_UNIT.format(instances="".join("template void " + d for d in decls)))
+                written.append(name)
+                externs += ["extern template void " + d for d in decls]
+                entries += [f"  X({dt}, {dk}, {dv}, {lay}, {v})" for v in vecs]
+    (HERE / "flash_bwd_sm90_instances.h").write_text(
+        SM90_HEADER.format(externs="".join(externs), entries=" \\\n".join(entries)))
+    return written
+
+
 def main() -> None:
     entries = []
     written = []
@@ -82,8 +142,9 @@ def main() -> None:
                 entries.append(f"  X({dt}, {dk}, {dv}, {lay})")
     (HERE / "flash_bwd_instances.h").write_text(HEADER.format(entries=" \\\n".join(entries)))
     # Drop units of head dims no longer listed, so setup.py's glob does not pick them up.
-    remove_stale(HERE, r"flash_bwd_(bf16|fp16)_\d+x\d+_[a-z]+\.cu", set(written))
-    print(f"wrote {len(written)} units + flash_bwd_instances.h")
+    written += write_sm90()
+    remove_stale(HERE, r"flash_bwd_(sm90_)?(bf16|fp16)_\d+x\d+_[a-z]+\.cu", set(written))
+    print(f"wrote {len(written)} units + flash_bwd_instances.h + flash_bwd_sm90_instances.h")
 
 
 if __name__ == "__main__":

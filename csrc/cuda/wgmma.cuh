@@ -1,15 +1,16 @@
 // Hopper warpgroup MMA (wgmma, sm_90a only) and the shared-memory operand layout it reads.
 //
-// Only what flash_fwd_sm90_kernel.cuh needs: D(64 x 64, fp32) += A(64 x 16, registers) x
-// B(16 x 64, shared memory) for bf16 / fp16, issued asynchronously by the 4 warps of a
-// warpgroup. Callers must only instantiate these on sm_90a (__CUDA_ARCH_FEAT_SM90_ALL).
+// Only what the Hopper kernels (flash_fwd_sm90_kernel.cuh, flash_bwd_sm90_kernel.cuh) need:
+// D(64 x n, fp32) += A(64 x 16, registers) x B(16 x n, shared memory) for n = 64 and 32, bf16 /
+// fp16, issued asynchronously by the 4 warps of a warpgroup. Callers must only instantiate
+// these on sm_90a (__CUDA_ARCH_FEAT_SM90_ALL).
 //
 // Register fragments are those of mma.sync m16n8k16, one 16-row block per warp of the
 // warpgroup (warp w owns rows 16w .. 16w + 15; g = lane / 4, t = lane % 4):
 //   A (4 x 32 bit): a[0] = (row g, k 2t..2t+1), a[1] = (row g+8, k 2t..), a[2] = (row g,
 //       k 2t+8..), a[3] = (row g+8, k 2t+8..);
-//   D (8 n8 blocks x 4 floats): d[j][0..1] = (row g, cols 8j+2t, 8j+2t+1), d[j][2..3] = the
-//       same columns of row g+8.
+//   D (n / 8 n8 blocks x 4 floats): d[j][0..1] = (row g, cols 8j+2t, 8j+2t+1), d[j][2..3] =
+//       the same columns of row g+8.
 // So an accumulator block of scores converts into the A fragment of P exactly as with mma.sync.
 //
 // B is read from the dense, XOR-swizzled shared tiles of flash_fwd_kernel.cuh (SmemTile): a
@@ -32,14 +33,17 @@ namespace wgmma {
 // unit-stride global dimension; tile base aligned to its 8-row swizzle atom). kColsAreK: the
 // tile's columns run along the k dimension of the product ("K-major"); otherwise along n
 // ("MN-major", the transposed form, which wgmma allows for 16-bit types; the n extent of one
-// wgmma must then be the whole row, so that the row is one swizzle atom wide).
+// wgmma must then be the whole row, kNumCols, so that n spans exactly one swizzle atom and the
+// stride between atoms along n, LBO, is never used: callers assert kNExtent).
 //   K-major:  SBO = 8 rows (the next 8 n), LBO unused; a k16 step is 32 bytes along the row.
 //   MN-major: SBO = 8 rows (the next 8 k), LBO unused (one atom along n); a k16 step is 16 rows.
 template <class Tile, bool kColsAreK>
 struct OperandB {
   static constexpr uint32_t kRowBytes = Tile::kNumCols * 2;
   static_assert(kRowBytes == 128 || kRowBytes == 64 || kRowBytes == 32, "a swizzle mode");
-  static_assert(kColsAreK || kRowBytes == 128, "MN-major operands are one 64-element atom wide");
+  // The n extent of a wgmma reading this operand: MN-major, the whole row; K-major, any
+  // multiple of 8 rows (this is the most the tile holds).
+  static constexpr int kNExtent = kColsAreK ? Tile::kNumRows : Tile::kNumCols;
   // Descriptor layout types: 1 = 128-byte, 2 = 64-byte, 3 = 32-byte swizzle.
   static constexpr uint64_t kLayoutType = kRowBytes == 128 ? 1 : (kRowBytes == 64 ? 2 : 3);
   static constexpr uint32_t kSBO = 8 * kRowBytes;
@@ -137,8 +141,41 @@ __device__ __forceinline__ void mma_m64n64k16(float (&d)[8][4], const uint32_t (
   }
 }
 
+#define PSA_FA2_WGMMA_D16 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
+#define PSA_FA2_WGMMA_D16_OPERANDS(d)                                                          \
+  "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),     \
+      "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
+      "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3])
+
+// The same with n = 32.
+template <DType kDtype, bool kAccumulate, int kTransposeB>
+__device__ __forceinline__ void mma_m64n32k16(float (&d)[4][4], const uint32_t (&a)[4],
+                                              uint64_t b) {
+  static_assert(kDtype == DType::kBFloat16 || kDtype == DType::kFloat16, "16-bit inputs");
+  if constexpr (kDtype == DType::kBFloat16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " PSA_FA2_WGMMA_D16
+        ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+        : PSA_FA2_WGMMA_D16_OPERANDS(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(int(kAccumulate)),
+          "n"(kTransposeB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " PSA_FA2_WGMMA_D16
+        ", {%16, %17, %18, %19}, %20, p, 1, 1, %22;\n}\n"
+        : PSA_FA2_WGMMA_D16_OPERANDS(d)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(int(kAccumulate)),
+          "n"(kTransposeB));
+  }
+}
+
 #undef PSA_FA2_WGMMA_D32
 #undef PSA_FA2_WGMMA_D32_OPERANDS
+#undef PSA_FA2_WGMMA_D16
+#undef PSA_FA2_WGMMA_D16_OPERANDS
 
 }  // namespace wgmma
 }  // namespace psa_fa2

@@ -1,0 +1,386 @@
+// FlashAttention-2 backward for Hopper (sm_90a), schedule (a) of flash_bwd_kernel.cuh on
+// asynchronous warpgroup MMAs (wgmma.cuh).
+//
+// One CTA owns 128 keys of one (batch, head) and is two warpgroups, each owning 64 of them: their
+// K and V rows stay in registers as wgmma A fragments, their dK and dV accumulate in registers.
+// The CTA streams the Q, dO, lse and D of 64 query rows per step through double-buffered shared
+// memory (cp.async into the swizzled tiles of flash_fwd_kernel.cuh, which wgmma reads as they
+// are). Per step, for its 64 keys, each warpgroup computes
+//   S^T  = K Q^T,  dP^T = V dO^T                 (wgmma, A = K / V registers, B = Q / dO tile)
+//   P^T  = exp2(S^T * scale log2 e - lse log2 e),  dS^T = P^T o (dP^T - D)
+//   dV  += P^T dO,  dK += dS^T Q                  (wgmma, A = P^T / dS^T registers: the
+//                                                  accumulator of S^T is their A fragment)
+// and writes dS^T to shared memory. While dV and dK are in flight the CTA's 8 warps compute
+// dQ (64 rows x dk) = dS K over all 128 keys with mma.sync (dS is read transposed, which
+// ldmatrix.trans does and a register-A wgmma cannot) and add it to the fp32 dQ workspace with
+// vector reductions, as the mma.sync kernel does. The preprocess (D, workspace zeroing), the
+// dQ conversion and the dK / dV epilogue are that kernel's.
+//
+// The kernel body exists for sm_90a only; other targets compile an empty kernel that the
+// dispatch never launches (flash_bwd_dispatch.cu checks the device and the build).
+#pragma once
+
+#include "flash_bwd_kernel.cuh"
+#include "flash_bwd_sm90_instances.h"
+#include "flash_fwd_kernel.cuh"
+#include "wgmma.cuh"
+
+namespace psa_fa2 {
+namespace fbwd_sm90 {
+
+namespace ffwd = flash_fwd_detail;
+
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
+struct Sm90BwdTraits {
+  // The preprocess, dQ conversion and epilogue kernels, and the workspace layout.
+  using C = fbwd::Config<kDtype, kDk, kDv, kLayout>;
+  static constexpr bool kCF = kLayout == Layout::kChannelFirst;
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kThreads = 128 * kWarpgroups;
+  static constexpr int kKeys = 64;                    // per warpgroup
+  static constexpr int kBlockN = kKeys * kWarpgroups;  // per CTA
+  static constexpr int kBlockM = 64;                  // streamed query rows per step
+  static_assert(kDk == 32 && kDv == 64, "the wgmma shapes below are those of (32, 64)");
+  static_assert(C::kThreads == kThreads && C::kBlockN == kBlockN && C::kBlockM == kBlockM,
+                "the epilogue and workspace of the mma.sync kernel's configuration");
+
+  // Tiles of 64 tokens: [d][token] channel-first, [token][d] token-major.
+  template <int kD>
+  using TokenTile = std::conditional_t<kCF, ffwd::SmemTile<kD, 64>, ffwd::SmemTile<64, kD>>;
+  using KTile = TokenTile<kDk>;   // one per warpgroup
+  using VTile = TokenTile<kDv>;   // one per warpgroup
+  using QTile = TokenTile<kDk>;   // two stages
+  using DOTile = TokenTile<kDv>;  // two stages
+  // dS^T [owned key][streamed row], padded rows: the layout the mma.sync kernel's dQ reads.
+  using DSTile = fbwd::Tile<kBlockN, kBlockM, true>;
+
+  static constexpr int kKOffset = 0;
+  static constexpr int kVOffset = kKOffset + kWarpgroups * KTile::kBytes;
+  static constexpr int kQOffset = kVOffset + kWarpgroups * VTile::kBytes;
+  static constexpr int kDOOffset = kQOffset + 2 * QTile::kBytes;
+  static constexpr int kLseOffset = kDOOffset + 2 * DOTile::kBytes;  // [stage][row] floats
+  static constexpr int kDelOffset = kLseOffset + 2 * kBlockM * 4;
+  static constexpr int kDSOffset = kDelOffset + 2 * kBlockM * 4;
+  static constexpr int kPassBytes = kDSOffset + DSTile::kElems * 2;
+  static constexpr int kSmemBytes =
+      kPassBytes > int(C::kStageBytes) ? kPassBytes : int(C::kStageBytes);
+  static_assert(kVOffset % 1024 == 0 && kQOffset % 1024 == 0 && kDOOffset % 1024 == 0 &&
+                    KTile::kBytes % 1024 == 0 && VTile::kBytes % 1024 == 0 &&
+                    QTile::kBytes % 1024 == 0 && DOTile::kBytes % 1024 == 0,
+                "tiles aligned to their swizzle atoms");
+
+  // The B operands; "K-major" where the tile's columns run along the product's k.
+  using QForS = wgmma::OperandB<QTile, !kCF>;     // S^T = K Q^T:   k = d,   n = rows
+  using DOForDP = wgmma::OperandB<DOTile, !kCF>;  // dP^T = V dO^T: k = dv,  n = rows
+  using DOForDV = wgmma::OperandB<DOTile, kCF>;   // dV += P^T dO:  k = rows, n = dv
+  using QForDK = wgmma::OperandB<QTile, kCF>;     // dK += dS^T Q:  k = rows, n = dk
+  static_assert(QForS::kNExtent == kBlockM && DOForDP::kNExtent == kBlockM &&
+                    DOForDV::kNExtent == kDv && QForDK::kNExtent == kDk,
+                "each wgmma reads whole tiles");
+};
+
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
+__global__ void __launch_bounds__(256, 1)
+    flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, float* ws, int n_pad, int gran) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using Tr = Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
+  using C = typename Tr::C;
+  using KTile = typename Tr::KTile;
+  using VTile = typename Tr::VTile;
+  using QTile = typename Tr::QTile;
+  using DOTile = typename Tr::DOTile;
+  using DSTile = typename Tr::DSTile;
+  using QS = typename Tr::QForS;
+  using DOP = typename Tr::DOForDP;
+  using DOV = typename Tr::DOForDV;
+  using QK = typename Tr::QForDK;
+  constexpr bool kCF = Tr::kCF;
+  constexpr int kBlockM = Tr::kBlockM;
+  constexpr int kKeys = Tr::kKeys;
+
+  extern __shared__ __align__(1024) unsigned char bwd_sm90_smem[];
+  const uint32_t smem_base = ffwd::smem_u32(bwd_sm90_smem);
+  // A misplaced swizzle atom would give wrong products: fail loudly instead.
+  if (smem_base % 1024 != 0) __trap();
+
+  const int tid = threadIdx.x;
+  const int wg = tid / 128;     // warpgroup: owns keys own0 + 64 wg ..
+  const int wtid = tid % 128;   // thread within the warpgroup
+  const int warp = tid / 32;    // 0..7: owns keys own0 + 16 warp .. (both wgmma and mma.sync)
+  const int lane = tid % 32;
+  const int g = lane / 4, t = lane % 4;
+
+  const int n = p.seqlen;
+  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
+  const int own0 = blockIdx.x * Tr::kBlockN;
+  const int key0 = own0 + wg * kKeys;
+
+  const uint32_t sK = smem_base + Tr::kKOffset + wg * KTile::kBytes;  // this warpgroup's
+  const uint32_t sV = smem_base + Tr::kVOffset + wg * VTile::kBytes;
+  const uint32_t sK0 = smem_base + Tr::kKOffset;                       // both, for dQ
+  const uint32_t sQ = smem_base + Tr::kQOffset;
+  const uint32_t sDO = smem_base + Tr::kDOOffset;
+  const float* sLse = reinterpret_cast<const float*>(bwd_sm90_smem + Tr::kLseOffset);
+  const float* sDel = reinterpret_cast<const float*>(bwd_sm90_smem + Tr::kDelOffset);
+  uint16_t* sDS = reinterpret_cast<uint16_t*>(bwd_sm90_smem + Tr::kDSOffset);
+
+  auto head = [&](const Strided4& s) {
+    return static_cast<const uint16_t*>(s.ptr) + b * s.stride_b + h * s.stride_h;
+  };
+  auto row_stride = [](const Strided4& s) { return kCF ? s.stride_d : s.stride_n; };
+  // Token `tok` of a head: along the rows channel-first, rows down token-major.
+  auto at = [](const uint16_t* hd, int64_t rs, int tok) { return kCF ? hd + tok : hd + tok * rs; };
+  const float* g_lse = static_cast<const float*>(p.lse) + int64_t(bh) * n;
+  const float* g_del = static_cast<const float*>(p.delta) + int64_t(bh) * n;
+
+  // Rows str0 .. str0 + 63 of s into a tile; the range checks only where the tile reaches N.
+  auto copy_rows = [&](const auto& copier, uint32_t dst, const Strided4& s, int str0) {
+    const uint16_t* src = at(head(s), row_stride(s), str0);
+    if (str0 + kBlockM <= n) {
+      copier.copy_full(dst, src);
+    } else {
+      copier.copy(dst, src, n - str0);
+    }
+  };
+  // Step `it`'s rows into stage it % 2: warpgroup 0 copies Q, lse and D, warpgroup 1 dO.
+  auto issue_stream = [&](int it) {
+    const int str0 = it * kBlockM;
+    const int stage = it & 1;
+    if (wg == 0) {
+      const ffwd::CopierFor<QTile, kCF, kVecBytes> copier(wtid, row_stride(p.q));
+      copy_rows(copier, sQ + stage * QTile::kBytes, p.q, str0);
+      // Rows past N get lse = D = 0 (finite); their P is masked to 0.
+      const int r = wtid % kBlockM, tok = str0 + r;
+      const bool ok = tok < n;
+      const float* src = wtid < kBlockM ? g_lse : g_del;
+      const int offset = (wtid < kBlockM ? Tr::kLseOffset : Tr::kDelOffset) +
+                         (stage * kBlockM + r) * 4;
+      ffwd::cp_async<4>(smem_base + offset, ok ? src + tok : src, ok ? 4 : 0);
+    } else {
+      const ffwd::CopierFor<DOTile, kCF, kVecBytes> copier(wtid, row_stride(p.dout));
+      copy_rows(copier, sDO + stage * DOTile::kBytes, p.dout, str0);
+    }
+    ffwd::cp_async_commit();
+  };
+  // Copies land (cp.async wait), become visible to wgmma's async proxy, and are published.
+  auto publish_copies = [] {
+    ffwd::cp_async_wait<0>();
+    wgmma::fence_proxy_async_shared();
+    __syncthreads();
+  };
+
+  // Prologue: this warpgroup's K and V rows (a warpgroup wholly past N copies nothing and
+  // points at the head, a valid address), then step 0's rows.
+  {
+    const int valid = key0 < n ? n - key0 : 0;
+    const int first = key0 < n ? key0 : 0;
+    const ffwd::CopierFor<KTile, kCF, kVecBytes> k_copier(wtid, row_stride(p.k));
+    const ffwd::CopierFor<VTile, kCF, kVecBytes> v_copier(wtid, row_stride(p.v));
+    k_copier.copy(sK, at(head(p.k), row_stride(p.k), first), valid);
+    v_copier.copy(sV, at(head(p.v), row_stride(p.v), first), valid);
+  }
+  issue_stream(0);
+  publish_copies();
+
+  uint32_t kf[kDk / 16][4];  // A fragments of this warp's 16 keys
+  uint32_t vf[kDv / 16][4];
+  ffwd::load_a_fragments<KTile, kCF>(kf, sK, warp % 4, lane);
+  ffwd::load_a_fragments<VTile, kCF>(vf, sV, warp % 4, lane);
+
+  const uint64_t q_s_desc = QS::descriptor(sQ);
+  const uint64_t do_p_desc = DOP::descriptor(sDO);
+  const uint64_t do_v_desc = DOV::descriptor(sDO);
+  const uint64_t q_k_desc = QK::descriptor(sQ);
+
+  const float scale_log2 = float(p.scale) * fbwd::kLog2e;
+  float dk_acc[kDk / 8][4], dv_acc[kDv / 8][4];
+#pragma unroll
+  for (int i = 0; i < kDk / 8; ++i) dk_acc[i][0] = dk_acc[i][1] = dk_acc[i][2] = dk_acc[i][3] = 0.f;
+#pragma unroll
+  for (int i = 0; i < kDv / 8; ++i) dv_acc[i][0] = dv_acc[i][1] = dv_acc[i][2] = dv_acc[i][3] = 0.f;
+
+  // The keys of this thread's accumulator rows g and g + 8, and whether they are below N.
+  const int my_key = key0 + (warp % 4) * 16 + g;
+  const bool key_ok[2] = {my_key < n, my_key + 8 < n};
+
+  const int n_tiles = (n + kBlockM - 1) / kBlockM;
+  for (int it = 0; it < n_tiles; ++it) {
+    const int stage = it & 1;
+    const int str0 = it * kBlockM;
+    if (it > 0) {
+      // Step it's rows landed; every thread is past step it-1 (its dS^T reads, and the waits
+      // on the wgmmas that read stage (it+1) % 2), so that stage may be refilled.
+      publish_copies();
+    }
+    if (it + 1 < n_tiles) issue_stream(it + 1);
+
+    // S^T and dP^T.
+    float s[kBlockM / 8][4], dp[kBlockM / 8][4];
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kDk / 16; ++kk) {
+      const uint64_t desc = q_s_desc + QS::advance(stage * QTile::kBytes + kk * QS::kKStepBytes);
+      if (kk == 0) {
+        wgmma::mma_m64n64k16<kDtype, false, QS::kTranspose>(s, kf[kk], desc);
+      } else {
+        wgmma::mma_m64n64k16<kDtype, true, QS::kTranspose>(s, kf[kk], desc);
+      }
+    }
+    wgmma::commit_group();
+#pragma unroll
+    for (int kk = 0; kk < kDv / 16; ++kk) {
+      const uint64_t desc =
+          do_p_desc + DOP::advance(stage * DOTile::kBytes + kk * DOP::kKStepBytes);
+      if (kk == 0) {
+        wgmma::mma_m64n64k16<kDtype, false, DOP::kTranspose>(dp, vf[kk], desc);
+      } else {
+        wgmma::mma_m64n64k16<kDtype, true, DOP::kTranspose>(dp, vf[kk], desc);
+      }
+    }
+    wgmma::commit_group();
+
+    // P^T while dP^T is in flight. Columns are query rows: 8j + 2t and 8j + 2t + 1.
+    const bool tail = own0 + Tr::kBlockN > n || str0 + kBlockM > n;
+    wgmma::wait_group<1>();
+    wgmma::pin(s);
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      const int col = j * 8 + 2 * t;
+      const float2 l2 = *reinterpret_cast<const float2*>(sLse + stage * kBlockM + col);
+      const float nl[2] = {-l2.x * fbwd::kLog2e, -l2.y * fbwd::kLog2e};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float pv = fbwd::ex2(fmaf(s[j][e], scale_log2, nl[e & 1]));
+        // Zero-filled rows and keys give S = 0, whose exp may overflow for extreme lse: the
+        // select keeps every value finite.
+        if (tail) pv = (key_ok[e >> 1] && str0 + col + (e & 1) < n) ? pv : 0.f;
+        s[j][e] = pv;
+      }
+    }
+    wgmma::wait_group<0>();
+    wgmma::pin(dp);
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      const int col = j * 8 + 2 * t;
+      const float2 d2 = *reinterpret_cast<const float2*>(sDel + stage * kBlockM + col);
+      dp[j][0] = s[j][0] * (dp[j][0] - d2.x);
+      dp[j][1] = s[j][1] * (dp[j][1] - d2.y);
+      dp[j][2] = s[j][2] * (dp[j][2] - d2.x);
+      dp[j][3] = s[j][3] * (dp[j][3] - d2.y);
+    }
+
+    // The C fragments of blocks 2kk, 2kk+1 are the A fragments of k16 step kk (rows 16kk..).
+    uint32_t pf[kBlockM / 16][4], df[kBlockM / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      pf[kk][0] = ffwd::pack2<kDtype>(s[2 * kk][0], s[2 * kk][1]);
+      pf[kk][1] = ffwd::pack2<kDtype>(s[2 * kk][2], s[2 * kk][3]);
+      pf[kk][2] = ffwd::pack2<kDtype>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pf[kk][3] = ffwd::pack2<kDtype>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      df[kk][0] = ffwd::pack2<kDtype>(dp[2 * kk][0], dp[2 * kk][1]);
+      df[kk][1] = ffwd::pack2<kDtype>(dp[2 * kk][2], dp[2 * kk][3]);
+      df[kk][2] = ffwd::pack2<kDtype>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+      df[kk][3] = ffwd::pack2<kDtype>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+      // dS^T rows (keys) x columns (query rows); 4-byte stores, conflict-free with the pad.
+      uint32_t* d0 = reinterpret_cast<uint32_t*>(sDS + DSTile::off(warp * 16 + g, kk * 16 + 2 * t));
+      uint32_t* d8 = reinterpret_cast<uint32_t*>(sDS + DSTile::off(warp * 16 + g + 8, kk * 16 + 2 * t));
+      d0[0] = df[kk][0];
+      d8[0] = df[kk][1];
+      d0[4] = df[kk][2];
+      d8[4] = df[kk][3];
+    }
+
+    // dV += P^T dO and dK += dS^T Q, in flight during dQ below.
+    wgmma::pin(dv_acc);
+    wgmma::pin(dk_acc);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      wgmma::mma_m64n64k16<kDtype, true, DOV::kTranspose>(
+          dv_acc, pf[kk], do_v_desc + DOV::advance(stage * DOTile::kBytes + kk * DOV::kKStepBytes));
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockM / 16; ++kk) {
+      wgmma::mma_m64n32k16<kDtype, true, QK::kTranspose>(
+          dk_acc, df[kk], q_k_desc + QK::advance(stage * QTile::kBytes + kk * QK::kKStepBytes));
+    }
+    wgmma::commit_group();
+
+    // Both warpgroups' dS^T are in shared memory.
+    __syncthreads();
+
+    // dQ[str0 .. + 64] += dS K over the CTA's 128 keys: warp w computes the 16 x 16 block
+    // (rows 16 (w / 2), columns 16 (w % 2)).
+    {
+      static_assert(kBlockM / 16 * (kDk / 16) == Tr::kThreads / 32, "one dQ block per warp");
+      const int mt = warp / (kDk / 16), np = warp % (kDk / 16);
+      const int li = lane / 8, lr = lane % 8;
+      float q[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll
+      for (int ks = 0; ks < Tr::kBlockN / 16; ++ks) {
+        // A = dS[row][key] from dS^T[key][row]: transposed load (rows = keys, chunks of rows).
+        uint32_t a[4];
+        {
+          const int jj = ks * 16 + (lane & 7) + ((lane >> 4) << 3);
+          const int ii = mt * 16 + ((lane >> 3) & 1) * 8;
+          ffwd::ldsm_x4_trans(a, ffwd::smem_u32(sDS + DSTile::off(jj, ii)));
+        }
+        // B = K[key][d] (k = keys, n = d) from the owning warpgroup's K tile; b[0], b[1]: keys
+        // lo, hi of d columns np*16 .. +8; b[2], b[3]: of the next 8.
+        const uint32_t tile = sK0 + (ks / (kKeys / 16)) * KTile::kBytes;
+        const int kk = ks % (kKeys / 16);
+        uint32_t bf[4];
+        if constexpr (kCF) {
+          // Stored [d][key] = B^T: plain ldmatrix gives the "col" fragment.
+          const int row = np * 16 + (li / 2) * 8 + lr;
+          const int chunk = kk * 2 + (li % 2);
+          ffwd::ldsm_x4(bf, tile + 2u * KTile::offset(row, chunk));
+        } else {
+          // Stored [key][d] = B: transpose 8 keys x 8 d per block.
+          const int row = kk * 16 + (li % 2) * 8 + lr;
+          const int chunk = np * 2 + (li / 2);
+          ffwd::ldsm_x4_trans(bf, tile + 2u * KTile::offset(row, chunk));
+        }
+        ffwd::mma_16816<kDtype>(q[0], a, bf[0], bf[1]);
+        ffwd::mma_16816<kDtype>(q[1], a, bf[2], bf[3]);
+      }
+      fbwd::red_add_dq_block<kDk>(ws + (int64_t(bh) * n_pad + str0 + mt * 16) * kDk, q, np * 16);
+    }
+
+    // dV and dK landed: their A fragments and this stage may be reused.
+    wgmma::wait_group<0>();
+    wgmma::pin(dv_acc);
+    wgmma::pin(dk_acc);
+    wgmma::pin(pf);
+    wgmma::pin(df);
+  }
+
+  fbwd::epilogue_kv<C>(p, reinterpret_cast<char*>(bwd_sm90_smem), b, h, own0, dk_acc, dv_acc, gran);
+#endif
+}
+
+}  // namespace fbwd_sm90
+
+// Explicitly instantiated in the generated flash_bwd_sm90_*.cu files, declared in
+// flash_bwd_sm90_instances.h: the preprocess, this kernel and the dQ conversion, on the
+// workspace of flash_bwd_instance_workspace<..., kAtomicDQ>.
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
+void flash_bwd_sm90_instance(const BwdParams& p, cudaStream_t stream) {
+  using Tr = fbwd_sm90::Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
+  using C = typename Tr::C;
+  const int bh = p.batch * p.heads, n = p.seqlen;
+  if (bh == 0 || n == 0) return;
+  const int n_pad = fbwd::round_up(n, C::kPadRows);
+  const int gran = C::kTM ? 16 : fbwd::channel_first_granularity(p);
+  float* ws = static_cast<float*>(p.workspace);
+  const dim3 grid_rows(n_pad / C::kPreRows, bh);
+  const dim3 grid_own((n + Tr::kBlockN - 1) / Tr::kBlockN, bh);
+  fbwd::bwd_preprocess_kernel<C><<<grid_rows, 256, 0, stream>>>(p, ws, n_pad);
+  constexpr auto kernel = fbwd_sm90::flash_bwd_sm90_kernel<kDtype, kDk, kDv, kLayout, kVecBytes>;
+  constexpr int smem = Tr::kSmemBytes;
+  allow_dynamic_smem_once<kernel>(smem);
+  kernel<<<grid_own, Tr::kThreads, smem, stream>>>(p, ws, n_pad, gran);
+  fbwd::bwd_convert_dq_kernel<C><<<grid_rows, 256, 0, stream>>>(p, ws, n_pad, gran);
+}
+
+}  // namespace psa_fa2

@@ -1,0 +1,38 @@
+#include "sm90_device.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace psa_fa2 {
+namespace {
+
+bool on_sm90a_device() {
+#if defined(PSA_FA2_WITH_SM90A)
+  constexpr int kMaxDevices = 64;
+  static signed char cached[kMaxDevices];  // 0 unknown, 1 yes, -1 no
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (device < kMaxDevices && cached[device] != 0) return cached[device] > 0;
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  const bool yes = major == 9 && minor == 0;
+  if (device < kMaxDevices) cached[device] = yes ? 1 : -1;
+  return yes;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+bool env_flag_set(const char* name) {
+  const char* value = std::getenv(name);
+  return value != nullptr && std::strcmp(value, "1") == 0;
+}
+
+bool sm90_kernels_enabled() { return !env_flag_set("PSA_FA2_DISABLE_SM90") && on_sm90a_device(); }
+
+}  // namespace psa_fa2

@@ -1,0 +1,16 @@
+// Whether the Hopper (sm_90a) kernels of this build may run on the current device; shared by
+// the forward and backward dispatchers.
+#pragma once
+
+namespace psa_fa2 {
+
+// The build has sm_90a code (PSA_FA2_WITH_SM90A, set by setup.py), the current device has
+// compute capability 9.0 (every Hopper GPU; sm_90a code runs there only) and the environment
+// does not set PSA_FA2_DISABLE_SM90=1. The variable is read on every call, so a process may
+// switch between the Hopper kernels and the mma.sync ones that Ampere runs.
+bool sm90_kernels_enabled();
+
+// True when the environment variable `name` is exactly "1".
+bool env_flag_set(const char* name);
+
+}  // namespace psa_fa2
