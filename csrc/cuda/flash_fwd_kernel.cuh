@@ -763,16 +763,21 @@ __global__ void __launch_bounds__(kThreads,
 // ---------------------------------------------------------------------------------------------
 // Launcher (explicitly instantiated in the generated flash_fwd_<dtype>_<dk>x<dv>_<layout>.cu)
 // ---------------------------------------------------------------------------------------------
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
-void launch(const FwdParams& params, cudaStream_t stream) {
-  using Tr = FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
+// kKernel (this file's or the sm_90 one, with Tr's shared memory) on the grid of kBlockM-row tiles.
+template <class Tr, auto kKernel>
+void launch_row_tiles(const FwdParams& params, cudaStream_t stream) {
   const int bh = params.batch * params.heads;
   if (params.seqlen <= 0 || bh <= 0) return;
-  constexpr auto kernel = flash_fwd_kernel<kDtype, kDk, kDv, kLayout, kVecBytes>;
   constexpr int smem = Tr::kSmemBytes;
-  if constexpr (smem > 48 * 1024) allow_dynamic_smem_once<kernel>(smem);
-  kernel<<<row_tile_grid(params.seqlen, kBlockM, bh), kThreads, smem, stream>>>(
+  if constexpr (smem > 48 * 1024) allow_dynamic_smem_once<kKernel>(smem);
+  kKernel<<<row_tile_grid(params.seqlen, kBlockM, bh), kThreads, smem, stream>>>(
       params, softmax_scale_log2(params.scale));
+}
+
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
+void launch(const FwdParams& params, cudaStream_t stream) {
+  launch_row_tiles<FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>,
+                   flash_fwd_kernel<kDtype, kDk, kDv, kLayout, kVecBytes>>(params, stream);
 }
 
 }  // namespace flash_fwd_detail

@@ -272,25 +272,15 @@ __global__ void __launch_bounds__(kThreads,
 #endif
 }
 
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
-void launch_sm90(const FwdParams& params, cudaStream_t stream) {
-  using Tr = Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
-  const int bh = params.batch * params.heads;
-  if (params.seqlen <= 0 || bh <= 0) return;
-  constexpr auto kernel = flash_fwd_sm90_kernel<kDtype, kDk, kDv, kLayout, kVecBytes>;
-  constexpr int smem = Tr::kSmemBytes;
-  if constexpr (smem > 48 * 1024) allow_dynamic_smem_once<kernel>(smem);
-  kernel<<<row_tile_grid(params.seqlen, kBlockM, bh), kThreads, smem, stream>>>(
-      params, softmax_scale_log2(params.scale));
-}
-
 }  // namespace flash_fwd_detail
 
 // Explicitly instantiated in the generated flash_fwd_sm90_*.cu files, declared in
 // flash_fwd_sm90_instances.h.
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
 void launch_flash_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
-  flash_fwd_detail::launch_sm90<kDtype, kDk, kDv, kLayout, kVecBytes>(params, stream);
+  using namespace flash_fwd_detail;
+  launch_row_tiles<Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>,
+                   flash_fwd_sm90_kernel<kDtype, kDk, kDv, kLayout, kVecBytes>>(params, stream);
 }
 
 }  // namespace psa_fa2
