@@ -203,17 +203,11 @@ __global__ void __launch_bounds__(256, 1)
   const int my_key = key0 + (warp % 4) * 16 + g;
   const bool key_ok[2] = {my_key < n, my_key + 8 < n};
 
-  const int n_tiles = (n + kBlockM - 1) / kBlockM;
-  for (int it = 0; it < n_tiles; ++it) {
-    const int stage = it & 1;
-    const int str0 = it * kBlockM;
-    if (it > 0) {
-      // Step it's rows landed; every thread is past step it-1 (its dS^T reads, and the waits
-      // on the wgmmas that read stage (it+1) % 2), so that stage may be refilled.
-      publish_copies();
-    }
-    if (it + 1 < n_tiles) issue_stream(it + 1);
-
+  // One step: the 64 streamed rows at str0, in stage `stage`. kMasked: some owned key or some
+  // streamed row is past N. The caller branches once per step, so the other steps carry no
+  // range checks (ptxas would otherwise turn them into selects on every score).
+  auto step = [&](int stage, int str0, auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
     // S^T and dP^T.
     float s[kBlockM / 8][4], dp[kBlockM / 8][4];
     wgmma::fence();
@@ -240,7 +234,6 @@ __global__ void __launch_bounds__(256, 1)
     wgmma::commit_group();
 
     // P^T while dP^T is in flight. Columns are query rows: 8j + 2t and 8j + 2t + 1.
-    const bool tail = own0 + Tr::kBlockN > n || str0 + kBlockM > n;
     wgmma::wait_group<1>();
     wgmma::pin(s);
 #pragma unroll
@@ -253,7 +246,7 @@ __global__ void __launch_bounds__(256, 1)
         float pv = fbwd::ex2(fmaf(s[j][e], scale_log2, nl[e & 1]));
         // Zero-filled rows and keys give S = 0, whose exp may overflow for extreme lse: the
         // select keeps every value finite.
-        if (tail) pv = (key_ok[e >> 1] && str0 + col + (e & 1) < n) ? pv : 0.f;
+        if constexpr (kMasked) pv = (key_ok[e >> 1] && str0 + col + (e & 1) < n) ? pv : 0.f;
         s[j][e] = pv;
       }
     }
@@ -353,6 +346,25 @@ __global__ void __launch_bounds__(256, 1)
     wgmma::pin(dk_acc);
     wgmma::pin(pf);
     wgmma::pin(df);
+  };
+
+  const bool own_tail = own0 + Tr::kBlockN > n;
+  const int n_tiles = (n + kBlockM - 1) / kBlockM;
+  for (int it = 0; it < n_tiles; ++it) {
+    const int stage = it & 1;
+    const int str0 = it * kBlockM;
+    if (it > 0) {
+      // Step it's rows landed; every thread is past step it-1 (its dS^T reads, and the waits
+      // on the wgmmas that read stage (it+1) % 2), so that stage may be refilled.
+      publish_copies();
+    }
+    if (it + 1 < n_tiles) issue_stream(it + 1);
+
+    if (own_tail || str0 + kBlockM > n) {
+      step(stage, str0, std::true_type{});
+    } else {
+      step(stage, str0, std::false_type{});
+    }
   }
 
   fbwd::epilogue_kv<C>(p, reinterpret_cast<char*>(bwd_sm90_smem), b, h, own0, dk_acc, dv_acc, gran);
