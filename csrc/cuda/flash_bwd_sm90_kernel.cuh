@@ -30,6 +30,14 @@ namespace fbwd_sm90 {
 
 namespace ffwd = flash_fwd_detail;
 
+// stmatrix x4 (sm_90): the inverse of ldmatrix x4. Lanes 8i .. 8i+7 give the row addresses of
+// 8x8 matrix i, whose row lane / 4, columns 2 (lane % 4) .. + 1 come from r[i] of each lane.
+__device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
 struct Sm90BwdTraits {
   // The preprocess, dQ conversion and epilogue kernels, and the workspace layout.
@@ -274,13 +282,12 @@ __global__ void __launch_bounds__(256, 1)
       df[kk][1] = ffwd::pack2<kDtype>(dp[2 * kk][2], dp[2 * kk][3]);
       df[kk][2] = ffwd::pack2<kDtype>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
       df[kk][3] = ffwd::pack2<kDtype>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
-      // dS^T rows (keys) x columns (query rows); 4-byte stores, conflict-free with the pad.
-      uint32_t* d0 = reinterpret_cast<uint32_t*>(sDS + DSTile::off(warp * 16 + g, kk * 16 + 2 * t));
-      uint32_t* d8 = reinterpret_cast<uint32_t*>(sDS + DSTile::off(warp * 16 + g + 8, kk * 16 + 2 * t));
-      d0[0] = df[kk][0];
-      d8[0] = df[kk][1];
-      d0[4] = df[kk][2];
-      d8[4] = df[kk][3];
+      // dS^T rows (keys) x columns (query rows): the fragment's four 8x8 blocks in one
+      // stmatrix. Lanes 8i .. 8i+7 address the rows of block i (keys (i % 2) * 8 .., columns
+      // kk * 16 + (i / 2) * 8 ..); rows 144 bytes apart put each 16-byte row in its own banks.
+      const int ds_key = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
+      const int ds_col = kk * 16 + (lane / 16) * 8;
+      stsm_x4(ffwd::smem_u32(sDS + DSTile::off(ds_key, ds_col)), df[kk]);
     }
 
     // dV += P^T dO and dK += dS^T Q, in flight during dQ below.
