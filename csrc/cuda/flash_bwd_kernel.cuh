@@ -29,6 +29,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "attention_params.h"
 #include "launch_util.h"
@@ -556,7 +557,11 @@ __device__ __forceinline__ void owner_pass(const BwdParams& p, char* smem, int b
       for (int e = 0; e < 4; ++e) accB[i][e] = 0.f;
   }
 
-  for (int it = 0; it < n_tiles; ++it) {
+  // One streamed tile. kMasked: some owned or streamed row of it is past N. The caller
+  // branches once per tile, so the other tiles carry no range checks (ptxas would otherwise
+  // turn them into selects on every score).
+  auto tile = [&](int it, auto masked) {
+    constexpr bool kMasked = decltype(masked)::value;
     const int buf = it & 1, str0 = it * BM;
     const T* sA = sStrA + buf * StrA::kElems;
     const T* sB = sStrB + buf * StrB::kElems;
@@ -575,7 +580,6 @@ __device__ __forceinline__ void owner_pass(const BwdParams& p, char* smem, int b
 
     // P and dS. Zero-filled out-of-range rows give S = 0, whose exp could overflow for
     // extreme lse; masking P by select keeps every value finite.
-    const bool tail = own_tail || str0 + BM > n;
 #pragma unroll
     for (int nt = 0; nt < BM / 8; ++nt) {
       const int col = nt * 8 + 2 * t;
@@ -593,7 +597,7 @@ __device__ __forceinline__ void owner_pass(const BwdParams& p, char* smem, int b
         const float l = kKVOwner ? nl[e & 1] : own_nl[e >> 1];
         const float dd = kKVOwner ? dl[e & 1] : own_del[e >> 1];
         float pv = ex2(fmaf(s[nt][e], scale_log2, l));
-        if (tail) {
+        if constexpr (kMasked) {
           const int orow = own0 + wrow + g + 8 * (e >> 1), scol = str0 + col + (e & 1);
           pv = (orow < n && scol < n) ? pv : 0.f;
         }
@@ -677,6 +681,13 @@ __device__ __forceinline__ void owner_pass(const BwdParams& p, char* smem, int b
         }
         red_add_dq_block<kDQK>(ws + (bh * n_pad + str0 + mt * 16) * kDQK, q, np * 16);
       }
+    }
+  };
+  for (int it = 0; it < n_tiles; ++it) {
+    if (own_tail || (it + 1) * BM > n) {
+      tile(it, std::true_type{});
+    } else {
+      tile(it, std::false_type{});
     }
   }
   cp_async_wait<0>();
