@@ -57,9 +57,18 @@ __device__ __forceinline__ void softmax_probabilities(float (&s)[kTiles][4], flo
                                                       float (&alpha)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    float mx = -INFINITY;
+    // The row max is on the critical path from S to the exps: a tree (depth log2(2 kTiles))
+    // rather than a chain. fmaxf drops NaN operands, so with the final -inf it gives what a
+    // chain from -inf gives, NaN scores included.
+    float m[kTiles];
 #pragma unroll
-    for (int i = 0; i < kTiles; ++i) mx = fmaxf(mx, fmaxf(s[i][2 * r], s[i][2 * r + 1]));
+    for (int i = 0; i < kTiles; ++i) m[i] = fmaxf(s[i][2 * r], s[i][2 * r + 1]);
+#pragma unroll
+    for (int w = 1; w < kTiles; w *= 2) {
+#pragma unroll
+      for (int i = 0; i + w < kTiles; i += 2 * w) m[i] = fmaxf(m[i], m[i + w]);
+    }
+    float mx = fmaxf(m[0], -INFINITY);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
     float m_new = fmaxf(row_max[r], mx * scale_log2);
