@@ -109,8 +109,8 @@ def test_backward_fast(N, dk, dv, dtype, layout, deterministic):
 def test_backward_fast_wgmma_on_hopper(N, dtype, layout, monkeypatch):
     """PSA_FA2_SM90_BACKWARD=1 runs (32, 64)'s schedule (a) on the wgmma kernel on Hopper:
     every copy width, tails of both the owned keys and the streamed rows (N = 129: a CTA whose
-    second warpgroup owns one key; N < 64: a warpgroup wholly past N), accumulate and
-    overwrite, NaN-filled outputs."""
+    first warpgroup owns one key and whose second owns none; N <= 64: the second warpgroup
+    wholly past N), accumulate and overwrite, NaN-filled outputs."""
     if not on_hopper():
         pytest.skip("needs a compute capability 9.0 (Hopper) GPU")
     monkeypatch.setenv("PSA_FA2_SM90_BACKWARD", "1")
