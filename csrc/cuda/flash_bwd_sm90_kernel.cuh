@@ -88,7 +88,8 @@ struct Sm90BwdTraits {
 };
 
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
-__global__ void __launch_bounds__(256, 1)
+__global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>::kThreads,
+                                  1)
     flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, float* ws, int n_pad, int gran) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
@@ -270,18 +271,12 @@ __global__ void __launch_bounds__(256, 1)
       dp[j][3] = s[j][3] * (dp[j][3] - d2.y);
     }
 
-    // The C fragments of blocks 2kk, 2kk+1 are the A fragments of k16 step kk (rows 16kk..).
+    // A fragments of k16 step kk over the streamed rows (16kk ..).
     uint32_t pf[kBlockM / 16][4], df[kBlockM / 16][4];
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      pf[kk][0] = ffwd::pack2<kDtype>(s[2 * kk][0], s[2 * kk][1]);
-      pf[kk][1] = ffwd::pack2<kDtype>(s[2 * kk][2], s[2 * kk][3]);
-      pf[kk][2] = ffwd::pack2<kDtype>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pf[kk][3] = ffwd::pack2<kDtype>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-      df[kk][0] = ffwd::pack2<kDtype>(dp[2 * kk][0], dp[2 * kk][1]);
-      df[kk][1] = ffwd::pack2<kDtype>(dp[2 * kk][2], dp[2 * kk][3]);
-      df[kk][2] = ffwd::pack2<kDtype>(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-      df[kk][3] = ffwd::pack2<kDtype>(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+      ffwd::pack_a_fragment<kDtype>(pf[kk], s, kk);
+      ffwd::pack_a_fragment<kDtype>(df[kk], dp, kk);
       // dS^T rows (keys) x columns (query rows): the fragment's four 8x8 blocks in one
       // stmatrix. Lanes 8i .. 8i+7 address the rows of block i (keys (i % 2) * 8 .., columns
       // kk * 16 + (i / 2) * 8 ..); rows 144 bytes apart put each 16-byte row in its own banks.

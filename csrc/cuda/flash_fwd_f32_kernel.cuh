@@ -326,6 +326,36 @@ struct F32Traits {
 #endif
 };
 
+// One CTA's Q / K / V heads in global memory and the copies of its tiles into shared memory,
+// shared by the exact kernel below and the TF32 one (flash_fwd_tf32_kernel.cuh). The copiers
+// are built at each copy (F32Traits::q_copier).
+template <class Tr>
+struct F32TileSources {
+  const float* q;
+  const float* k;
+  const float* v;
+  int64_t q_ts, k_ts, v_ts;  // token strides
+
+  __device__ __forceinline__ F32TileSources(const FwdParams& p, int b, int h)
+      : q(Tr::head(p.q, b, h)),
+        k(Tr::head(p.k, b, h)),
+        v(Tr::head(p.v, b, h)),
+        q_ts(Tr::token_stride(p.q)),
+        k_ts(Tr::token_stride(p.k)),
+        v_ts(Tr::token_stride(p.v)) {}
+
+  // The Q tile of query rows m0 .. (tokens past N zero-filled).
+  __device__ __forceinline__ void copy_q(float* sQ, int m0, int tid, const FwdParams& p) const {
+    Tr::q_copier(tid, p).copy(sQ, q + m0 * q_ts, p.seqlen - m0);
+  }
+  // The K and V tiles of keys n0 ..
+  __device__ __forceinline__ void copy_kv(float* sK, float* sV, int n0, int tid,
+                                          const FwdParams& p) const {
+    Tr::k_copier(tid, p).copy(sK, k + n0 * k_ts, p.seqlen - n0);
+    Tr::v_copier(tid, p).copy(sV, v + n0 * v_ts, p.seqlen - n0);
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------
@@ -354,22 +384,13 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   const int h = bh % params.heads;
   const int m0 = blockIdx.x * kBlockM;
 
-  const float* const q_head = Tr::head(params.q, b, h);
-  const float* const k_head = Tr::head(params.k, b, h);
-  const float* const v_head = Tr::head(params.v, b, h);
-  const int64_t q_ts = Tr::token_stride(params.q);
-  const int64_t k_ts = Tr::token_stride(params.k);
-  const int64_t v_ts = Tr::token_stride(params.v);
-  auto q_copier = [&] { return Tr::q_copier(tid, params); };
-  auto k_copier = [&] { return Tr::k_copier(tid, params); };
-  auto v_copier = [&] { return Tr::v_copier(tid, params); };
+  const F32TileSources<Tr> src(params, b, h);
 
   const int n_tiles = (N + kBlockN - 1) / kBlockN;
 
   // Prologue: Q and K/V tile 0, one cp.async group.
-  q_copier().copy(sQ, q_head + m0 * q_ts, N - m0);
-  k_copier().copy(sK, k_head, N);
-  v_copier().copy(sV, v_head, N);
+  src.copy_q(sQ, m0, tid, params);
+  src.copy_kv(sK, sV, 0, tid, params);
   cp_async_commit();
 
   // FFMA path state (the TF32 path is below).
@@ -399,9 +420,8 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
     cp_async_wait_all();
     __syncthreads();
     if (j + 1 < n_tiles) {
-      const int n1 = n0 + kBlockN;
-      k_copier().copy(sK + (stage ^ 1) * Tr::kKFloats, k_head + n1 * k_ts, N - n1);
-      v_copier().copy(sV + (stage ^ 1) * Tr::kVFloats, v_head + n1 * v_ts, N - n1);
+      src.copy_kv(sK + (stage ^ 1) * Tr::kKFloats, sV + (stage ^ 1) * Tr::kVFloats,
+                  n0 + kBlockN, tid, params);
     }
     cp_async_commit();
 

@@ -78,6 +78,19 @@ __device__ __forceinline__ uint16_t to_bits<DType::kFloat16>(float x) {
   return __half_as_ushort(__float2half_rn(x));
 }
 
+// The A fragment (16 x 16, rounded to kDtype) of k16 step kk from the fp32 C fragments 2kk and
+// 2kk+1 of the same 16 rows: C tile j holds columns 8j + 2t, +1 of rows g and g + 8, which is
+// A's (row, k) order, so a product's result feeds the next product from registers (P into
+// P V in the forward; P^T and dS^T into dV and dK in the Hopper backward).
+template <DType kDtype, int kCTiles>
+__device__ __forceinline__ void pack_a_fragment(uint32_t (&a)[4], const float (&c)[kCTiles][4],
+                                                int kk) {
+  a[0] = pack2<kDtype>(c[2 * kk][0], c[2 * kk][1]);
+  a[1] = pack2<kDtype>(c[2 * kk][2], c[2 * kk][3]);
+  a[2] = pack2<kDtype>(c[2 * kk + 1][0], c[2 * kk + 1][1]);
+  a[3] = pack2<kDtype>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
+}
+
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers
 // ---------------------------------------------------------------------------------------------
@@ -725,12 +738,8 @@ __global__ void __launch_bounds__(kThreads,
     const uint32_t sVs = sV + stage * VTile::kBytes;
 #pragma unroll
     for (int kk = 0; kk < kPVSteps; ++kk) {
-      // The C fragments of S tiles 2kk, 2kk+1 are exactly the A fragment of P's k16 block kk.
       uint32_t pf[4];
-      pf[0] = pack2<kDtype>(s[2 * kk][0], s[2 * kk][1]);
-      pf[1] = pack2<kDtype>(s[2 * kk][2], s[2 * kk][3]);
-      pf[2] = pack2<kDtype>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pf[3] = pack2<kDtype>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      pack_a_fragment<kDtype>(pf, s, kk);
 #pragma unroll
       for (int p = 0; p < kOTiles / 2; ++p) {
         // b[0], b[1]: (keys lo, keys hi) of dv tile 2p; b[2], b[3]: the same for dv tile 2p+1.

@@ -199,15 +199,9 @@ __global__ void __launch_bounds__(kThreads,
     }
     wgmma::commit_group();
   };
-  // The C fragments of S blocks 2kk, 2kk+1 are the A fragment of P's k16 step kk.
   auto pack_p = [&](const float (&s)[kSTiles][4], uint32_t (&pf)[kPVSteps][4]) {
 #pragma unroll
-    for (int kk = 0; kk < kPVSteps; ++kk) {
-      pf[kk][0] = pack2<kDtype>(s[2 * kk][0], s[2 * kk][1]);
-      pf[kk][1] = pack2<kDtype>(s[2 * kk][2], s[2 * kk][3]);
-      pf[kk][2] = pack2<kDtype>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pf[kk][3] = pack2<kDtype>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    for (int kk = 0; kk < kPVSteps; ++kk) pack_a_fragment<kDtype>(pf[kk], s, kk);
   };
 
   float s[kSTiles][4];

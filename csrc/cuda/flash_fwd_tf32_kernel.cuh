@@ -74,22 +74,13 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   const int h = bh % params.heads;
   const int m0 = blockIdx.x * kBlockM;
 
-  const float* const q_head = Tr::head(params.q, b, h);
-  const float* const k_head = Tr::head(params.k, b, h);
-  const float* const v_head = Tr::head(params.v, b, h);
-  const int64_t q_ts = Tr::token_stride(params.q);
-  const int64_t k_ts = Tr::token_stride(params.k);
-  const int64_t v_ts = Tr::token_stride(params.v);
-  auto q_copier = [&] { return Tr::q_copier(tid, params); };
-  auto k_copier = [&] { return Tr::k_copier(tid, params); };
-  auto v_copier = [&] { return Tr::v_copier(tid, params); };
+  const F32TileSources<Tr> src(params, b, h);
   auto to_tf32 = [](float& x) { x = round_to_tf32(x); };
 
   const int n_tiles = (N + kBlockN - 1) / kBlockN;
 
-  q_copier().copy(sQ, q_head + m0 * q_ts, N - m0);
-  k_copier().copy(sK, k_head, N);
-  v_copier().copy(sV, v_head, N);
+  src.copy_q(sQ, m0, tid, params);
+  src.copy_kv(sK, sV, 0, tid, params);
   cp_async_commit();
 
   float o[kOTiles][4];
@@ -109,14 +100,13 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
     // Tile j landed; round what this thread copied, then the barrier publishes it (and tells
     // that every warp is done with tile j - 1, whose stage is refilled next).
     cp_async_wait_all();
-    if (j == 0) q_copier().for_each_copied(sQ, to_tf32);
-    k_copier().for_each_copied(sKs, to_tf32);
-    v_copier().for_each_copied(sVs, to_tf32);
+    if (j == 0) Tr::q_copier(tid, params).for_each_copied(sQ, to_tf32);
+    Tr::k_copier(tid, params).for_each_copied(sKs, to_tf32);
+    Tr::v_copier(tid, params).for_each_copied(sVs, to_tf32);
     __syncthreads();
     if (j + 1 < n_tiles) {
-      const int n1 = n0 + kBlockN;
-      k_copier().copy(sK + (stage ^ 1) * Tr::kKFloats, k_head + n1 * k_ts, N - n1);
-      v_copier().copy(sV + (stage ^ 1) * Tr::kVFloats, v_head + n1 * v_ts, N - n1);
+      src.copy_kv(sK + (stage ^ 1) * Tr::kKFloats, sV + (stage ^ 1) * Tr::kVFloats,
+                  n0 + kBlockN, tid, params);
     }
     cp_async_commit();
 
