@@ -9,11 +9,10 @@ import torch
 import psa_fa2_ext
 
 torch.manual_seed(0)
-# On Hopper the bf16 forward is the wgmma kernel and PSA_FA2_SM90_BACKWARD=1 makes the
-# backward one too; PSA_FA2_DISABLE_SM90=1 runs the mma.sync kernels.
+# On Hopper the bf16 forward and schedule (a) of the backward are the wgmma kernels;
+# PSA_FA2_DISABLE_SM90=1 runs the mma.sync ones.
 for disable_sm90, layout in itertools.product(("0", "1"), ("channel_first", "token_major")):
     os.environ["PSA_FA2_DISABLE_SM90"] = disable_sm90
-    os.environ["PSA_FA2_SM90_BACKWARD"] = "1"
     for N in (97, 400, 402, 1004):  # 2-, 16-, 4- and 8-byte channel-first copies
         for impl, deterministic in (("fast", False), ("fast", True), ("reference", False)):
             B, H, dk, dv = 1, 2, 32, 64
@@ -28,7 +27,6 @@ for disable_sm90, layout in itertools.product(("0", "1"), ("channel_first", "tok
             dq, dk_, dv_ = torch.zeros_like(q), torch.zeros_like(k), torch.empty_like(v)
             torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, dk ** -0.5, dq, dk_, dv_, impl, deterministic)
 os.environ.pop("PSA_FA2_DISABLE_SM90")
-os.environ.pop("PSA_FA2_SM90_BACKWARD")
 # fp32 forward: the exact kernel ("highest") and the TF32 one ("high"), at a masked tail.
 for precision in ("highest", "high"):
     torch.set_float32_matmul_precision(precision)

@@ -1,8 +1,9 @@
 """The backward schedules side by side: kernel time of torch.ops.psa_fa2.bwd with
 deterministic=False (schedule (a): K/V-tile CTAs, dQ by fp32 atomics) and deterministic=True
 (schedule (b): row-tile CTAs, no atomics), on the benchmark's shapes, channel-first (32, 64).
-On Hopper also schedule (a) on the wgmma kernel (PSA_FA2_SM90_BACKWARD=1), with the largest
-relative difference of its gradients from the mma.sync kernel's.
+On Hopper, where schedule (a) runs on the wgmma kernel by default, the (a) and (b) columns are
+the mma.sync kernels (PSA_FA2_DISABLE_SM90=1) and a last column pair adds the wgmma (a), with
+the largest relative difference of its gradients from the mma.sync kernel's.
 
     python bench/bwd_schedules.py [--dtypes bf16 fp16] [--shapes 16x4x400 ...]
 
@@ -11,6 +12,7 @@ calls between CUDA events, divided by `CALLS`: device time only, no launch gaps.
 markdown table.
 """
 import argparse
+import contextlib
 import os
 import statistics
 
@@ -80,11 +82,15 @@ def main():
     for name in args.dtypes:
         for B, H, N in args.shapes:
             a = bwd_inputs(B, H, N, DTYPES[name])
-            t_a = graph_time_us(lambda: torch.ops.psa_fa2.bwd(*a, "fast", False))
-            t_b = graph_time_us(lambda: torch.ops.psa_fa2.bwd(*a, "fast", True))
+            with mma_sync_kernels():
+                t_a = graph_time_us(lambda: torch.ops.psa_fa2.bwd(*a, "fast", False))
+                t_b = graph_time_us(lambda: torch.ops.psa_fa2.bwd(*a, "fast", True))
+                reference = gradients(a)
             row = f"| {name} | {B}×{H}×{N} | {t_a:.1f} | {t_b:.1f} | {t_b / t_a:.2f} |"
             if hopper:
-                t_w, diff = wgmma_backward(a)
+                t_w = graph_time_us(lambda: torch.ops.psa_fa2.bwd(*a, "fast", False))
+                diff = max(((x.float() - y.float()).abs().max() / y.float().abs().max()).item()
+                           for x, y in zip(gradients(a), reference))
                 row += f" {t_w:.1f} | {t_a / t_w:.2f} | {diff:.1e} |"
             print(row, flush=True)
             del a
@@ -98,19 +104,14 @@ def gradients(args):
     return dq, dk, dv
 
 
-def wgmma_backward(args):
-    """Kernel time of schedule (a) on the wgmma kernel, and the largest relative difference
-    (max |x - y| / max |y|) of its gradients from the mma.sync kernel's."""
-    reference = gradients(args)
-    os.environ["PSA_FA2_SM90_BACKWARD"] = "1"
+@contextlib.contextmanager
+def mma_sync_kernels():
+    """The mma.sync kernels that Ampere runs, on Hopper too (PSA_FA2_DISABLE_SM90=1)."""
+    os.environ["PSA_FA2_DISABLE_SM90"] = "1"
     try:
-        t_w = graph_time_us(lambda: torch.ops.psa_fa2.bwd(*args, "fast", False))
-        ours = gradients(args)
+        yield
     finally:
-        os.environ.pop("PSA_FA2_SM90_BACKWARD")
-    diff = max(((x.float() - y.float()).abs().max() / y.float().abs().max()).item()
-               for x, y in zip(ours, reference))
-    return t_w, diff
+        os.environ.pop("PSA_FA2_DISABLE_SM90")
 
 
 if __name__ == "__main__":

@@ -55,17 +55,16 @@ def cuda_kernels_run(fn):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_environment_selects_the_hopper_kernels(layout, monkeypatch):
-    """By default Hopper runs the wgmma forward and the mma.sync backward;
-    PSA_FA2_SM90_BACKWARD=1 selects the wgmma backward (schedule (a) only: deterministic mode
-    keeps the combined schedule) and PSA_FA2_DISABLE_SM90=1 turns every wgmma kernel off."""
+    """By default Hopper runs the wgmma forward and the wgmma backward (schedule (a) only:
+    deterministic mode keeps the combined schedule); PSA_FA2_DISABLE_SM90=1 turns every wgmma
+    kernel off."""
     if not on_hopper():
         pytest.skip("needs a compute capability 9.0 (Hopper) GPU")
     grads = fast_backward(make_qkv(1, 2, 400, 32, 64, torch.bfloat16, "cuda", layout)[1:], False)
     q, k, v = make_qkv(1, 2, 400, 32, 64, torch.bfloat16, "cuda", layout)[1:]
 
     def names(env, step):
-        for name in ("PSA_FA2_SM90_BACKWARD", "PSA_FA2_DISABLE_SM90"):
-            monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv("PSA_FA2_DISABLE_SM90", raising=False)
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         return " ".join(sorted(cuda_kernels_run(step)))
@@ -74,12 +73,11 @@ def test_environment_selects_the_hopper_kernels(layout, monkeypatch):
     assert "flash_fwd_sm90_kernel" in names({}, forward)
     assert "flash_fwd_sm90_kernel" not in names({"PSA_FA2_DISABLE_SM90": "1"}, forward)
     default_bwd = names({}, grads)
-    assert "bwd_atomic_dq_kernel" in default_bwd and "flash_bwd_sm90_kernel" not in default_bwd
-    assert "flash_bwd_sm90_kernel" in names({"PSA_FA2_SM90_BACKWARD": "1"}, grads)
-    off = names({"PSA_FA2_SM90_BACKWARD": "1", "PSA_FA2_DISABLE_SM90": "1"}, grads)
+    assert "flash_bwd_sm90_kernel" in default_bwd and "bwd_atomic_dq_kernel" not in default_bwd
+    off = names({"PSA_FA2_DISABLE_SM90": "1"}, grads)
     assert "flash_bwd_sm90_kernel" not in off and "bwd_atomic_dq_kernel" in off
-    deterministic = fast_backward((q, k, v), True)
-    assert "flash_bwd_sm90_kernel" not in names({"PSA_FA2_SM90_BACKWARD": "1"}, deterministic)
+    deterministic = names({}, fast_backward((q, k, v), True))
+    assert "flash_bwd_sm90_kernel" not in deterministic and "bwd_combined_kernel" in deterministic
 
 
 @pytest.mark.parametrize("N", FAST_SEQLENS)
@@ -106,14 +104,25 @@ def test_backward_fast(N, dk, dv, dtype, layout, deterministic):
 @pytest.mark.parametrize("N", FAST_SEQLENS + [128, 129, 6400])
 @layouts
 @dtypes
-def test_backward_fast_wgmma_on_hopper(N, dtype, layout, monkeypatch):
-    """PSA_FA2_SM90_BACKWARD=1 runs (32, 64)'s schedule (a) on the wgmma kernel on Hopper:
-    every copy width, tails of both the owned keys and the streamed rows (N = 129: a CTA whose
-    first warpgroup owns one key and whose second owns none; N <= 64: the second warpgroup
-    wholly past N), accumulate and overwrite, NaN-filled outputs."""
+def test_backward_fast_wgmma_on_hopper(N, dtype, layout):
+    """On Hopper (32, 64)'s schedule (a) is the wgmma kernel: every copy width, tails of both
+    the owned keys and the streamed rows (N = 129: a CTA whose first warpgroup owns one key and
+    whose second owns none; N <= 64: the second warpgroup wholly past N), accumulate and
+    overwrite, NaN-filled outputs."""
     if not on_hopper():
         pytest.skip("needs a compute capability 9.0 (Hopper) GPU")
-    monkeypatch.setenv("PSA_FA2_SM90_BACKWARD", "1")
+    check_backward("cuda", "fast", N, 32, 64, dtype, layout)
+
+
+@pytest.mark.parametrize("N", FAST_SEQLENS)
+@layouts
+@dtypes
+def test_backward_fast_mma_sync_on_hopper(N, dtype, layout, monkeypatch):
+    """PSA_FA2_DISABLE_SM90=1 runs (32, 64)'s schedule (a) on the mma.sync kernel that Ampere
+    runs, which must stay correct on Hopper too."""
+    if not on_hopper():
+        pytest.skip("test_backward_fast already covers the mma.sync kernel off Hopper")
+    monkeypatch.setenv("PSA_FA2_DISABLE_SM90", "1")
     check_backward("cuda", "fast", N, 32, 64, dtype, layout)
 
 

@@ -23,7 +23,7 @@ std::vector<std::string> compiled_cuda_kernels() {
                                       "flash_fwd_f32", "flash_bwd",    "blockwise_bwd_f32"};
 #if defined(PSA_FA2_WITH_SM90A)
   kernels.push_back("flash_fwd_sm90");  // wgmma, runs on compute capability 9.0 devices
-  kernels.push_back("flash_bwd_sm90");  // wgmma schedule (a), with PSA_FA2_SM90_BACKWARD=1
+  kernels.push_back("flash_bwd_sm90");  // wgmma schedule (a)
 #endif
   return kernels;
 }

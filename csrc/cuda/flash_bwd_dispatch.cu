@@ -1,9 +1,10 @@
 // Host dispatch of the fast backward: (dtype, dk, dv, layout) -> instantiation, plus the
 // checks that decide when the caller must fall back to reference_bwd.
 //
-// Schedule (a) on Hopper: with PSA_FA2_SM90_BACKWARD=1 and sm90_kernels_enabled()
-// (sm90_device.h), the wgmma kernel of flash_bwd_sm90_kernel.cuh runs where it has an
-// instantiation (32, 64), on the same workspace; otherwise, and by default, the mma.sync kernel.
+// Schedule (a) on Hopper: when sm90_kernels_enabled() (sm90_device.h: an sm_90a build on a
+// compute capability 9.0 device, PSA_FA2_DISABLE_SM90 not 1), the wgmma kernel of
+// flash_bwd_sm90_kernel.cuh runs where it has an instantiation ((32, 64), bf16 / fp16), on the
+// same workspace; the mma.sync kernel everywhere else, and for schedule (b) always.
 #include <cstdint>
 
 #include "bwd_copy_width.h"
@@ -42,9 +43,9 @@ const Instance* find(const BwdParams& p) {
 
 using Sm90Fn = void (*)(const BwdParams&, cudaStream_t);
 
-// The Hopper kernel for schedule (a), if it is selected and covers p.
+// The Hopper kernel for schedule (a), if it may run and covers p.
 Sm90Fn find_sm90(const BwdParams& p) {
-  if (!env_flag_set("PSA_FA2_SM90_BACKWARD") || !sm90_kernels_enabled()) return nullptr;
+  if (!sm90_kernels_enabled()) return nullptr;
   const int vec = p.layout == Layout::kTokenMajor ? 16 : fbwd::channel_first_granularity(p);
 #define PSA_FA2_MATCH(dt, dk, dv, lay, width)                                              \
   if (p.dtype == DType::dt && p.head_dim_qk == dk && p.head_dim_v == dv &&                 \

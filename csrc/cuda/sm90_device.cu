@@ -26,12 +26,13 @@ bool on_sm90a_device() {
 #endif
 }
 
-}  // namespace
-
+// True when the environment variable `name` is exactly "1".
 bool env_flag_set(const char* name) {
   const char* value = std::getenv(name);
   return value != nullptr && std::strcmp(value, "1") == 0;
 }
+
+}  // namespace
 
 bool sm90_kernels_enabled() { return !env_flag_set("PSA_FA2_DISABLE_SM90") && on_sm90a_device(); }
 

@@ -1,5 +1,5 @@
 // Whether the Hopper (sm_90a) kernels of this build may run on the current device; shared by
-// the forward and backward dispatchers.
+// the forward and backward dispatchers (one switch for both).
 #pragma once
 
 namespace psa_fa2 {
@@ -9,8 +9,5 @@ namespace psa_fa2 {
 // does not set PSA_FA2_DISABLE_SM90=1. The variable is read on every call, so a process may
 // switch between the Hopper kernels and the mma.sync ones that Ampere runs.
 bool sm90_kernels_enabled();
-
-// True when the environment variable `name` is exactly "1".
-bool env_flag_set(const char* name);
 
 }  // namespace psa_fa2
