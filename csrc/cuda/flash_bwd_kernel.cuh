@@ -170,11 +170,8 @@ __device__ __forceinline__ void red_add_dq_block(float* row0, const float (&q)[2
     const float y0 = __shfl_xor_sync(0xffffffffu, odd ? x0 : x2, 1);
     const float y1 = __shfl_xor_sync(0xffffffffu, odd ? x1 : x3, 1);
     const int col = col0 + nt * 8 + 2 * (t & ~1);
-    if (odd) {
-      red_add4(rowbase + col, y0, y1, x2, x3);
-    } else {
-      red_add4(rowbase + col, x0, x1, y0, y1);
-    }
+    // Selects, not a branch: both halves of the warp issue one reduction together.
+    red_add4(rowbase + col, odd ? y0 : x0, odd ? y1 : x1, odd ? x2 : y0, odd ? x3 : y1);
   }
 }
 

@@ -3,9 +3,9 @@
 //
 // One CTA owns 128 keys of one (batch, head) and is two warpgroups, each owning 64 of them: their
 // K and V rows stay in registers as wgmma A fragments, their dK and dV accumulate in registers.
-// The CTA streams the Q, dO, lse and D of 64 query rows per step through double-buffered shared
-// memory (cp.async into the swizzled tiles of flash_fwd_kernel.cuh, which wgmma reads as they
-// are). Per step, for its 64 keys, each warpgroup computes
+// The CTA streams the Q, dO, lse and D of 64 query rows per step through a three-stage ring in
+// shared memory (cp.async into the swizzled tiles of flash_fwd_kernel.cuh, which wgmma reads as
+// they are; a step's rows are requested two steps ahead). Per step, for its 64 keys, each warpgroup computes
 //   S^T  = K Q^T,  dP^T = V dO^T                 (wgmma, A = K / V registers, B = Q / dO tile)
 //   P^T  = exp2(S^T * scale log2 e - lse log2 e),  dS^T = P^T o (dP^T - D)
 //   dV  += P^T dO,  dK += dS^T Q                  (wgmma, A = P^T / dS^T registers: the
@@ -48,6 +48,7 @@ struct Sm90BwdTraits {
   static constexpr int kKeys = 64;                    // per warpgroup
   static constexpr int kBlockN = kKeys * kWarpgroups;  // per CTA
   static constexpr int kBlockM = 64;                  // streamed query rows per step
+  static constexpr int kStages = 3;                   // of the Q / dO / lse / D stream
   static_assert(kDk == 32 && kDv == 64, "the wgmma shapes below are those of (32, 64)");
   static_assert(C::kThreads == kThreads && C::kBlockN == kBlockN && C::kBlockM == kBlockM,
                 "the epilogue and workspace of the mma.sync kernel's configuration");
@@ -57,18 +58,18 @@ struct Sm90BwdTraits {
   using TokenTile = std::conditional_t<kCF, ffwd::SmemTile<kD, 64>, ffwd::SmemTile<64, kD>>;
   using KTile = TokenTile<kDk>;   // one per warpgroup
   using VTile = TokenTile<kDv>;   // one per warpgroup
-  using QTile = TokenTile<kDk>;   // two stages
-  using DOTile = TokenTile<kDv>;  // two stages
+  using QTile = TokenTile<kDk>;   // kStages of them
+  using DOTile = TokenTile<kDv>;  // kStages of them
   // dS^T [owned key][streamed row], padded rows: the layout the mma.sync kernel's dQ reads.
   using DSTile = fbwd::Tile<kBlockN, kBlockM, true>;
 
   static constexpr int kKOffset = 0;
   static constexpr int kVOffset = kKOffset + kWarpgroups * KTile::kBytes;
   static constexpr int kQOffset = kVOffset + kWarpgroups * VTile::kBytes;
-  static constexpr int kDOOffset = kQOffset + 2 * QTile::kBytes;
-  static constexpr int kLseOffset = kDOOffset + 2 * DOTile::kBytes;  // [stage][row] floats
-  static constexpr int kDelOffset = kLseOffset + 2 * kBlockM * 4;
-  static constexpr int kDSOffset = kDelOffset + 2 * kBlockM * 4;
+  static constexpr int kDOOffset = kQOffset + kStages * QTile::kBytes;
+  static constexpr int kLseOffset = kDOOffset + kStages * DOTile::kBytes;  // [stage][row] floats
+  static constexpr int kDelOffset = kLseOffset + kStages * kBlockM * 4;
+  static constexpr int kDSOffset = kDelOffset + kStages * kBlockM * 4;
   static constexpr int kPassBytes = kDSOffset + DSTile::kElems * 2;
   static constexpr int kSmemBytes =
       kPassBytes > int(C::kStageBytes) ? kPassBytes : int(C::kStageBytes);
@@ -139,6 +140,7 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   auto row_stride = [](const Strided4& s) { return kCF ? s.stride_d : s.stride_n; };
   // Token `tok` of a head: along the rows channel-first, rows down token-major.
   auto at = [](const uint16_t* hd, int64_t rs, int tok) { return kCF ? hd + tok : hd + tok * rs; };
+  const int n_steps = (n + kBlockM - 1) / kBlockM;
   const float* g_lse = static_cast<const float*>(p.lse) + int64_t(bh) * n;
   const float* g_del = static_cast<const float*>(p.delta) + int64_t(bh) * n;
 
@@ -151,11 +153,12 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
       copier.copy(dst, src, n - str0);
     }
   };
-  // Step `it`'s rows into stage it % 2: warpgroup 0 copies Q, lse and D, warpgroup 1 dO.
+  // Step `it`'s rows into stage it % kStages: warpgroup 0 copies Q, lse and D, warpgroup 1 dO.
+  // Past the last step it commits an empty group, so that group `it` is always step it's.
   auto issue_stream = [&](int it) {
     const int str0 = it * kBlockM;
-    const int stage = it & 1;
-    if (wg == 0) {
+    const int stage = it % Tr::kStages;
+    if (it < n_steps && wg == 0) {
       const ffwd::CopierFor<QTile, kCF, kVecBytes> copier(wtid, row_stride(p.q));
       copy_rows(copier, sQ + stage * QTile::kBytes, p.q, str0);
       // Rows past N get lse = D = 0 (finite); their P is masked to 0.
@@ -165,15 +168,16 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
       const int offset = (wtid < kBlockM ? Tr::kLseOffset : Tr::kDelOffset) +
                          (stage * kBlockM + r) * 4;
       ffwd::cp_async<4>(smem_base + offset, ok ? src + tok : src, ok ? 4 : 0);
-    } else {
+    } else if (it < n_steps) {
       const ffwd::CopierFor<DOTile, kCF, kVecBytes> copier(wtid, row_stride(p.dout));
       copy_rows(copier, sDO + stage * DOTile::kBytes, p.dout, str0);
     }
     ffwd::cp_async_commit();
   };
-  // Copies land (cp.async wait), become visible to wgmma's async proxy, and are published.
+  // The oldest group but the last one landed (cp.async wait), becomes visible to wgmma's async
+  // proxy, and is published.
   auto publish_copies = [] {
-    ffwd::cp_async_wait<0>();
+    ffwd::cp_async_wait<1>();
     wgmma::fence_proxy_async_shared();
     __syncthreads();
   };
@@ -188,7 +192,8 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     k_copier.copy(sK, at(head(p.k), row_stride(p.k), first), valid);
     v_copier.copy(sV, at(head(p.v), row_stride(p.v), first), valid);
   }
-  issue_stream(0);
+  issue_stream(0);  // one group with K and V
+  issue_stream(1);
   publish_copies();
 
   uint32_t kf[kDk / 16][4];  // A fragments of this warp's 16 keys
@@ -217,6 +222,19 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   // range checks (ptxas would otherwise turn them into selects on every score).
   auto step = [&](int stage, int str0, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
+    // lse log2 e and D of the columns (query rows) 8j + 2t, 8j + 2t + 1 of this thread, read
+    // before the wgmmas so that the shared-memory latency hides behind them.
+    float nl[kBlockM / 8][2], del[kBlockM / 8][2];
+#pragma unroll
+    for (int j = 0; j < kBlockM / 8; ++j) {
+      const int col = stage * kBlockM + j * 8 + 2 * t;
+      const float2 l2 = *reinterpret_cast<const float2*>(sLse + col);
+      const float2 d2 = *reinterpret_cast<const float2*>(sDel + col);
+      nl[j][0] = -l2.x * fbwd::kLog2e;
+      nl[j][1] = -l2.y * fbwd::kLog2e;
+      del[j][0] = d2.x;
+      del[j][1] = d2.y;
+    }
     // S^T and dP^T.
     float s[kBlockM / 8][4], dp[kBlockM / 8][4];
     wgmma::fence();
@@ -248,11 +266,9 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; ++j) {
       const int col = j * 8 + 2 * t;
-      const float2 l2 = *reinterpret_cast<const float2*>(sLse + stage * kBlockM + col);
-      const float nl[2] = {-l2.x * fbwd::kLog2e, -l2.y * fbwd::kLog2e};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float pv = fbwd::ex2(fmaf(s[j][e], scale_log2, nl[e & 1]));
+        float pv = fbwd::ex2(fmaf(s[j][e], scale_log2, nl[j][e & 1]));
         // Zero-filled rows and keys give S = 0, whose exp may overflow for extreme lse: the
         // select keeps every value finite.
         if constexpr (kMasked) pv = (key_ok[e >> 1] && str0 + col + (e & 1) < n) ? pv : 0.f;
@@ -263,12 +279,8 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     wgmma::pin(dp);
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; ++j) {
-      const int col = j * 8 + 2 * t;
-      const float2 d2 = *reinterpret_cast<const float2*>(sDel + stage * kBlockM + col);
-      dp[j][0] = s[j][0] * (dp[j][0] - d2.x);
-      dp[j][1] = s[j][1] * (dp[j][1] - d2.y);
-      dp[j][2] = s[j][2] * (dp[j][2] - d2.x);
-      dp[j][3] = s[j][3] * (dp[j][3] - d2.y);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dp[j][e] = s[j][e] * (dp[j][e] - del[j][e & 1]);
     }
 
     // A fragments of k16 step kk over the streamed rows (16kk ..).
@@ -305,12 +317,13 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     __syncthreads();
 
     // dQ[str0 .. + 64] += dS K over the CTA's 128 keys: warp w computes the 16 x 16 block
-    // (rows 16 (w / 2), columns 16 (w % 2)).
+    // (rows 16 (w / 2), columns 16 (w % 2)), in two chains of MMAs (even and odd k16 steps)
+    // that are summed at the end, so that fewer of them wait on each other.
     {
       static_assert(kBlockM / 16 * (kDk / 16) == Tr::kThreads / 32, "one dQ block per warp");
       const int mt = warp / (kDk / 16), np = warp % (kDk / 16);
       const int li = lane / 8, lr = lane % 8;
-      float q[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+      float q[2][2][4] = {};  // [chain][n8 half][fragment]
 #pragma unroll
       for (int ks = 0; ks < Tr::kBlockN / 16; ++ks) {
         // A = dS[row][key] from dS^T[key][row]: transposed load (rows = keys, chunks of rows).
@@ -336,10 +349,16 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
           const int chunk = np * 2 + (li / 2);
           ffwd::ldsm_x4_trans(bf, tile + 2u * KTile::offset(row, chunk));
         }
-        ffwd::mma_16816<kDtype>(q[0], a, bf[0], bf[1]);
-        ffwd::mma_16816<kDtype>(q[1], a, bf[2], bf[3]);
+        ffwd::mma_16816<kDtype>(q[ks % 2][0], a, bf[0], bf[1]);
+        ffwd::mma_16816<kDtype>(q[ks % 2][1], a, bf[2], bf[3]);
       }
-      fbwd::red_add_dq_block<kDk>(ws + (int64_t(bh) * n_pad + str0 + mt * 16) * kDk, q, np * 16);
+#pragma unroll
+      for (int h8 = 0; h8 < 2; ++h8) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) q[0][h8][e] += q[1][h8][e];
+      }
+      fbwd::red_add_dq_block<kDk>(ws + (int64_t(bh) * n_pad + str0 + mt * 16) * kDk, q[0],
+                                  np * 16);
     }
 
     // dV and dK landed: their A fragments and this stage may be reused.
@@ -351,23 +370,25 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   };
 
   const bool own_tail = own0 + Tr::kBlockN > n;
-  const int n_tiles = (n + kBlockM - 1) / kBlockM;
-  for (int it = 0; it < n_tiles; ++it) {
-    const int stage = it & 1;
+  int stage = 0;
+  for (int it = 0; it < n_steps; ++it) {
     const int str0 = it * kBlockM;
     if (it > 0) {
       // Step it's rows landed; every thread is past step it-1 (its dS^T reads, and the waits
-      // on the wgmmas that read stage (it+1) % 2), so that stage may be refilled.
+      // on the wgmmas that read stage (it-1) % kStages = (it+2) % kStages), so that stage may
+      // be refilled.
       publish_copies();
     }
-    if (it + 1 < n_tiles) issue_stream(it + 1);
+    issue_stream(it + 2);
 
     if (own_tail || str0 + kBlockM > n) {
       step(stage, str0, std::true_type{});
     } else {
       step(stage, str0, std::false_type{});
     }
+    stage = stage + 1 == Tr::kStages ? 0 : stage + 1;
   }
+  ffwd::cp_async_wait<0>();  // the empty groups, before the epilogue reuses shared memory
 
   fbwd::epilogue_kv<C>(p, reinterpret_cast<char*>(bwd_sm90_smem), b, h, own0, dk_acc, dv_acc, gran);
 #endif
