@@ -25,6 +25,17 @@
 #include "flash_fwd_kernel.cuh"
 #include "wgmma.cuh"
 
+// Compile-time variants, for bench/tune (the defaults are what the benchmark measured best).
+#ifndef PSA_FA2_BWD90_STAGES
+#define PSA_FA2_BWD90_STAGES 3  // stages of the Q / dO / lse / D stream (2 or 3)
+#endif
+#ifndef PSA_FA2_BWD90_EARLY_LSE
+#define PSA_FA2_BWD90_EARLY_LSE 1  // 1: read lse and D before the S^T / dP^T wgmmas
+#endif
+#ifndef PSA_FA2_BWD90_DQ_CHAINS
+#define PSA_FA2_BWD90_DQ_CHAINS 2  // independent accumulator chains of the dQ MMAs (1 or 2)
+#endif
+
 namespace psa_fa2 {
 namespace fbwd_sm90 {
 
@@ -48,7 +59,8 @@ struct Sm90BwdTraits {
   static constexpr int kKeys = 64;                    // per warpgroup
   static constexpr int kBlockN = kKeys * kWarpgroups;  // per CTA
   static constexpr int kBlockM = 64;                  // streamed query rows per step
-  static constexpr int kStages = 3;                   // of the Q / dO / lse / D stream
+  static constexpr int kStages = PSA_FA2_BWD90_STAGES;  // of the Q / dO / lse / D stream
+  static_assert(kStages == 2 || kStages == 3, "two or three stages");
   static_assert(kDk == 32 && kDv == 64, "the wgmma shapes below are those of (32, 64)");
   static_assert(C::kThreads == kThreads && C::kBlockN == kBlockN && C::kBlockM == kBlockM,
                 "the epilogue and workspace of the mma.sync kernel's configuration");
@@ -174,10 +186,10 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     }
     ffwd::cp_async_commit();
   };
-  // The oldest group but the last one landed (cp.async wait), becomes visible to wgmma's async
-  // proxy, and is published.
+  // The oldest group not yet needed lands (cp.async wait: kStages - 2 younger ones may stay in
+  // flight), becomes visible to wgmma's async proxy, and is published.
   auto publish_copies = [] {
-    ffwd::cp_async_wait<1>();
+    ffwd::cp_async_wait<Tr::kStages - 2>();
     wgmma::fence_proxy_async_shared();
     __syncthreads();
   };
@@ -193,7 +205,7 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     v_copier.copy(sV, at(head(p.v), row_stride(p.v), first), valid);
   }
   issue_stream(0);  // one group with K and V
-  issue_stream(1);
+  for (int it = 1; it < Tr::kStages - 1; ++it) issue_stream(it);
   publish_copies();
 
   uint32_t kf[kDk / 16][4];  // A fragments of this warp's 16 keys
@@ -222,19 +234,22 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   // range checks (ptxas would otherwise turn them into selects on every score).
   auto step = [&](int stage, int str0, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
-    // lse log2 e and D of the columns (query rows) 8j + 2t, 8j + 2t + 1 of this thread, read
-    // before the wgmmas so that the shared-memory latency hides behind them.
+    // -lse log2 e and D of the columns (query rows) 8j + 2t, 8j + 2t + 1 of this thread; read
+    // before the wgmmas (PSA_FA2_BWD90_EARLY_LSE), their shared-memory latency hides behind them.
     float nl[kBlockM / 8][2], del[kBlockM / 8][2];
+    auto read_row_stats = [&] {
 #pragma unroll
-    for (int j = 0; j < kBlockM / 8; ++j) {
-      const int col = stage * kBlockM + j * 8 + 2 * t;
-      const float2 l2 = *reinterpret_cast<const float2*>(sLse + col);
-      const float2 d2 = *reinterpret_cast<const float2*>(sDel + col);
-      nl[j][0] = -l2.x * fbwd::kLog2e;
-      nl[j][1] = -l2.y * fbwd::kLog2e;
-      del[j][0] = d2.x;
-      del[j][1] = d2.y;
-    }
+      for (int j = 0; j < kBlockM / 8; ++j) {
+        const int col = stage * kBlockM + j * 8 + 2 * t;
+        const float2 l2 = *reinterpret_cast<const float2*>(sLse + col);
+        const float2 d2 = *reinterpret_cast<const float2*>(sDel + col);
+        nl[j][0] = -l2.x * fbwd::kLog2e;
+        nl[j][1] = -l2.y * fbwd::kLog2e;
+        del[j][0] = d2.x;
+        del[j][1] = d2.y;
+      }
+    };
+    if constexpr (PSA_FA2_BWD90_EARLY_LSE) read_row_stats();
     // S^T and dP^T.
     float s[kBlockM / 8][4], dp[kBlockM / 8][4];
     wgmma::fence();
@@ -263,6 +278,7 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     // P^T while dP^T is in flight. Columns are query rows: 8j + 2t and 8j + 2t + 1.
     wgmma::wait_group<1>();
     wgmma::pin(s);
+    if constexpr (!PSA_FA2_BWD90_EARLY_LSE) read_row_stats();
 #pragma unroll
     for (int j = 0; j < kBlockM / 8; ++j) {
       const int col = j * 8 + 2 * t;
@@ -317,13 +333,15 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     __syncthreads();
 
     // dQ[str0 .. + 64] += dS K over the CTA's 128 keys: warp w computes the 16 x 16 block
-    // (rows 16 (w / 2), columns 16 (w % 2)), in two chains of MMAs (even and odd k16 steps)
-    // that are summed at the end, so that fewer of them wait on each other.
+    // (rows 16 (w / 2), columns 16 (w % 2)), in PSA_FA2_BWD90_DQ_CHAINS chains of MMAs (k16
+    // steps round robin) that are summed at the end, so that fewer of them wait on each other.
     {
       static_assert(kBlockM / 16 * (kDk / 16) == Tr::kThreads / 32, "one dQ block per warp");
       const int mt = warp / (kDk / 16), np = warp % (kDk / 16);
       const int li = lane / 8, lr = lane % 8;
-      float q[2][2][4] = {};  // [chain][n8 half][fragment]
+      constexpr int kChains = PSA_FA2_BWD90_DQ_CHAINS;
+      static_assert(kChains == 1 || kChains == 2, "one or two chains");
+      float q[kChains][2][4] = {};  // [chain][n8 half][fragment]
 #pragma unroll
       for (int ks = 0; ks < Tr::kBlockN / 16; ++ks) {
         // A = dS[row][key] from dS^T[key][row]: transposed load (rows = keys, chunks of rows).
@@ -349,13 +367,15 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
           const int chunk = np * 2 + (li / 2);
           ffwd::ldsm_x4_trans(bf, tile + 2u * KTile::offset(row, chunk));
         }
-        ffwd::mma_16816<kDtype>(q[ks % 2][0], a, bf[0], bf[1]);
-        ffwd::mma_16816<kDtype>(q[ks % 2][1], a, bf[2], bf[3]);
+        ffwd::mma_16816<kDtype>(q[ks % kChains][0], a, bf[0], bf[1]);
+        ffwd::mma_16816<kDtype>(q[ks % kChains][1], a, bf[2], bf[3]);
       }
+      if constexpr (kChains == 2) {
 #pragma unroll
-      for (int h8 = 0; h8 < 2; ++h8) {
+        for (int h8 = 0; h8 < 2; ++h8) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) q[0][h8][e] += q[1][h8][e];
+          for (int e = 0; e < 4; ++e) q[0][h8][e] += q[1][h8][e];
+        }
       }
       fbwd::red_add_dq_block<kDk>(ws + (int64_t(bh) * n_pad + str0 + mt * 16) * kDk, q[0],
                                   np * 16);
@@ -375,11 +395,11 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     const int str0 = it * kBlockM;
     if (it > 0) {
       // Step it's rows landed; every thread is past step it-1 (its dS^T reads, and the waits
-      // on the wgmmas that read stage (it-1) % kStages = (it+2) % kStages), so that stage may
+      // on the wgmmas that read stage (it-1) % kStages = (it+kStages-1) % kStages), so that it may
       // be refilled.
       publish_copies();
     }
-    issue_stream(it + 2);
+    issue_stream(it + Tr::kStages - 1);
 
     if (own_tail || str0 + kBlockM > n) {
       step(stage, str0, std::true_type{});
