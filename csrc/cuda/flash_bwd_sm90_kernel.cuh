@@ -3,9 +3,9 @@
 //
 // One CTA owns 128 keys of one (batch, head) and is two warpgroups, each owning 64 of them: their
 // K and V rows stay in registers as wgmma A fragments, their dK and dV accumulate in registers.
-// The CTA streams the Q, dO, lse and D of 64 query rows per step through a three-stage ring in
+// The CTA streams the Q, dO, lse and D of 64 query rows per step through a ring of stages in
 // shared memory (cp.async into the swizzled tiles of flash_fwd_kernel.cuh, which wgmma reads as
-// they are; a step's rows are requested two steps ahead). Per step, for its 64 keys, each warpgroup computes
+// they are; two stages by default: a step's rows are requested one step ahead). Per step, for its 64 keys, each warpgroup computes
 //   S^T  = K Q^T,  dP^T = V dO^T                 (wgmma, A = K / V registers, B = Q / dO tile)
 //   P^T  = exp2(S^T * scale log2 e - lse log2 e),  dS^T = P^T o (dP^T - D)
 //   dV  += P^T dO,  dK += dS^T Q                  (wgmma, A = P^T / dS^T registers: the
@@ -25,15 +25,16 @@
 #include "flash_fwd_kernel.cuh"
 #include "wgmma.cuh"
 
-// Compile-time variants, for bench/tune (the defaults are what the benchmark measured best).
+// Compile-time variants (bench/tune/tune_bwd_sm90.sh times them). The defaults are the fastest
+// measured on the H200: each alternative below was 1-8% slower at N = 400 .. 62 500.
 #ifndef PSA_FA2_BWD90_STAGES
-#define PSA_FA2_BWD90_STAGES 3  // stages of the Q / dO / lse / D stream (2 or 3)
+#define PSA_FA2_BWD90_STAGES 2  // stages of the Q / dO / lse / D stream (2 or 3)
 #endif
 #ifndef PSA_FA2_BWD90_EARLY_LSE
-#define PSA_FA2_BWD90_EARLY_LSE 1  // 1: read lse and D before the S^T / dP^T wgmmas
+#define PSA_FA2_BWD90_EARLY_LSE 0  // 1: read lse and D before the S^T / dP^T wgmmas
 #endif
 #ifndef PSA_FA2_BWD90_DQ_CHAINS
-#define PSA_FA2_BWD90_DQ_CHAINS 2  // independent accumulator chains of the dQ MMAs (1 or 2)
+#define PSA_FA2_BWD90_DQ_CHAINS 1  // independent accumulator chains of the dQ MMAs (1 or 2)
 #endif
 
 namespace psa_fa2 {
