@@ -23,8 +23,9 @@ def batch_heads(n: int) -> tuple[int, int]:
     """Small problems get more heads (more chances to catch an indexing bug), large ones
     fewer (test time). The fewest keys get the most: with N = 7 the largest error of a
     gradient is the largest of only a few hundred elements, for ours and for the eager math
-    alike, and the spread of that statistic alone puts their ratio past 2 now and then (seen:
-    2.66 once in 100 draws of (2, 3) heads at (16, 16), 1.64 at most with (4, 8))."""
+    alike, and the spread of that statistic alone puts their ratio past 2 now and then (2.66
+    once in 100 draws of (2, 3) heads on the H200, 1.64 at most with (4, 8): the README of
+    bench/results/h200-2026-12-01-5bb34ec)."""
     if n <= 64:
         return (4, 8)
     return (2, 3) if n <= 400 else (1, 2)

@@ -26,7 +26,8 @@
 #include "wgmma.cuh"
 
 // Compile-time variants (bench/tune/tune_bwd_sm90.sh times them). The defaults are the fastest
-// measured on the H200: each alternative below was 1-8% slower at N = 400 .. 62 500.
+// combination measured on the H200 (bench/results/h200-2026-12-01-5bb34ec): with all three
+// switched the kernel was 4-8% slower at N = 400 .. 62 500, with two of them 0-5%.
 #ifndef PSA_FA2_BWD90_STAGES
 #define PSA_FA2_BWD90_STAGES 2  // stages of the Q / dO / lse / D stream (2 or 3)
 #endif
