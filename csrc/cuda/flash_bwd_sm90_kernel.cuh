@@ -5,7 +5,8 @@
 // K and V rows stay in registers as wgmma A fragments, their dK and dV accumulate in registers.
 // The CTA streams the Q, dO, lse and D of 64 query rows per step through a ring of stages in
 // shared memory (cp.async into the swizzled tiles of flash_fwd_kernel.cuh, which wgmma reads as
-// they are; two stages by default: a step's rows are requested one step ahead). Per step, for its 64 keys, each warpgroup computes
+// they are; two stages by default: a step's rows are requested one step ahead). Per step, for
+// its 64 keys, each warpgroup computes
 //   S^T  = K Q^T,  dP^T = V dO^T                 (wgmma, A = K / V registers, B = Q / dO tile)
 //   P^T  = exp2(S^T * scale log2 e - lse log2 e),  dS^T = P^T o (dP^T - D)
 //   dV  += P^T dO,  dK += dS^T Q                  (wgmma, A = P^T / dS^T registers: the
@@ -236,8 +237,9 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   // range checks (ptxas would otherwise turn them into selects on every score).
   auto step = [&](int stage, int str0, auto masked) {
     constexpr bool kMasked = decltype(masked)::value;
-    // -lse log2 e and D of the columns (query rows) 8j + 2t, 8j + 2t + 1 of this thread; read
-    // before the wgmmas (PSA_FA2_BWD90_EARLY_LSE), their shared-memory latency hides behind them.
+    // -lse log2 e and D of the columns (query rows) 8j + 2t, 8j + 2t + 1 of this thread: read
+    // once S^T has landed, or before the wgmmas with PSA_FA2_BWD90_EARLY_LSE=1 (which hides their
+    // latency behind the wgmmas, but measured slower: more registers live across them).
     float nl[kBlockM / 8][2], del[kBlockM / 8][2];
     auto read_row_stats = [&] {
 #pragma unroll
@@ -397,8 +399,8 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     const int str0 = it * kBlockM;
     if (it > 0) {
       // Step it's rows landed; every thread is past step it-1 (its dS^T reads, and the waits
-      // on the wgmmas that read stage (it-1) % kStages = (it+kStages-1) % kStages), so that it may
-      // be refilled.
+      // on the wgmmas that read stage (it-1) % kStages = (it+kStages-1) % kStages), so that
+      // stage may be refilled.
       publish_copies();
     }
     issue_stream(it + Tr::kStages - 1);
