@@ -181,6 +181,34 @@ def test_more_than_2pow31_elements(impl):
     del x, out
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic_dq", "deterministic"])
+def test_backward_more_than_2pow31_elements(deterministic):
+    """The backward where v, its gradient and the fp32 dQ workspace hold more than 2^31
+    elements (the wgmma kernel's schedule (a) on Hopper, the mma.sync schedules elsewhere): the
+    heads past 2^31 elements get their own gradients, and every element is written."""
+    B, H, N, dk, dv = 1, 52429, 640, 32, 64
+    assert B * H * N * dv > 2 ** 31
+    torch.cuda.empty_cache()
+    x = torch.randn(B, H * (2 * dk + dv), N, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (t.transpose(2, 3) for t in x.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2))
+    scale = dk ** -0.5
+    out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
+    dout = torch.randn_like(out)
+    grads = torch.full_like(x, float("nan"))  # overwritten (accumulate=False), so no NaN stays
+    dq, dk_, dv_ = (t.transpose(2, 3)
+                    for t in grads.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2))
+    torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, scale, dq, dk_, dv_, "fast", deterministic,
+                          False)
+    assert not grads.isnan().any()
+    for h in (0, H // 2, H - 1):  # the last head sits past 2^31 elements
+        sl = (slice(None), slice(h, h + 1))
+        (rq, rk, rv), (eq, ek, ev) = grads_reference(q[sl], k[sl], v[sl], scale, dout[sl])
+        for name, ours, ref64, eager in (("dq", dq, rq, eq), ("dk", dk_, rk, ek),
+                                         ("dv", dv_, rv, ev)):
+            assert_close_to_reference(f"{name} head {h}", ours[sl], ref64, eager, torch.bfloat16)
+    del x, out, dout, grads
+
+
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_fast_and_reference_agree_on_psa_shape(layout):
     """The two CUDA kernels differ only in rounding at the shipped YOLO shape."""
