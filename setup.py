@@ -3,7 +3,7 @@ a CPU-only one otherwise.
 
 Environment:
   TORCH_CUDA_ARCH_LIST  archs to build (default: the visible GPU's, else "8.0;9.0a"; a Hopper
-                        GPU's 9.0 becomes 9.0a, which the wgmma forward kernel needs)
+                        GPU's 9.0 becomes 9.0a, which the wgmma kernels need)
   CUDA_HOME             CUDA toolkit (default: /usr/local/cuda when it has nvcc)
   MAX_JOBS              parallel compile jobs (ninja)
   PSA_FA2_FORCE_CPU=1   build the CPU-only extension even where CUDA is available

@@ -9,23 +9,20 @@ Kernel time as in bwd_schedules.py (median of CUDA-graph replays, device time on
 largest difference between the two outputs. Prints a markdown table.
 """
 import argparse
+import contextlib
 import itertools
-import os
 
 import torch
 
 import psa_fa2_ext  # noqa: F401  (registers torch.ops.psa_fa2)
-from bwd_schedules import DTYPES, SHAPES, graph_time_us, parse_shape
+from bwd_schedules import DTYPES, SHAPES, graph_time_us, mma_sync_kernels, parse_shape
 
 
 def forward_time_us(q, k, v, disable_sm90):
     """The kernel is picked when the graph is captured, so the switch is set around it."""
-    os.environ["PSA_FA2_DISABLE_SM90"] = "1" if disable_sm90 else "0"
-    try:
+    with mma_sync_kernels() if disable_sm90 else contextlib.nullcontext():
         out = torch.ops.psa_fa2.fwd(q, k, v, q.shape[-1] ** -0.5, "fast")[0]
         return graph_time_us(lambda: torch.ops.psa_fa2.fwd(q, k, v, q.shape[-1] ** -0.5, "fast")), out
-    finally:
-        os.environ.pop("PSA_FA2_DISABLE_SM90")
 
 
 def main():

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pathlib
 
-from generator_util import remove_stale
+from generator_util import instances_header, instantiation_unit, remove_stale
 
 # (dk, dv): (32, 64) is every shipped YOLO PSA / C2PSA block; the rest are the common
 # square heads and the attention-ratio-0.5 family.
@@ -77,34 +77,10 @@ size_t flash_bwd_instance_workspace(const BwdParams& params, BwdSchedule schedul
 SM90_VARIANTS = {"tm": ("kTokenMajor", [16]), "cf": ("kChannelFirst", [16]),
                  "cfu": ("kChannelFirst", [8, 4, 2])}
 
-SM90_UNIT = BANNER + """#include "flash_bwd_sm90_kernel.cuh"
-
-namespace psa_fa2 {{
-{instances}}}  // namespace psa_fa2
-"""
-
-SM90_HEADER = BANNER + """// Declarations of the Hopper backward instantiations (flash_bwd_sm90_kernel.cuh) and the
-// list flash_bwd_dispatch.cu walks.
-#pragma once
-
-#include <cuda_runtime.h>
-
-#include "attention_params.h"
-
-namespace psa_fa2 {{
-
+SM90_LAUNCHER_DOC = """\
 // Schedule (a) on wgmma: the preprocess, the kernel and the dQ conversion, on the workspace of
 // flash_bwd_instance_workspace(..., BwdSchedule::kAtomicDQ). kVecBytes: the global copy width
 // (fbwd::channel_first_granularity; 16 token-major).
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
-void flash_bwd_sm90_instance(const BwdParams& params, cudaStream_t stream);
-
-{externs}
-}}  // namespace psa_fa2
-
-// X(dtype, dk, dv, layout, copy width) for every instantiation above.
-#define PSA_FA2_BWD_SM90_INSTANCES(X) \\
-{entries}
 """
 
 
@@ -113,20 +89,23 @@ def sm90_targs(dt: str, dk: int, dv: int, lay: str, vec: int) -> str:
 
 
 def write_sm90() -> list:
-    written, externs, entries = [], [], []
+    written, targs, entries = [], [], []
     for tag, dt in DTYPES.items():
         for dk, dv in SM90_HEAD_DIMS:
             for vtag, (lay, vecs) in SM90_VARIANTS.items():
                 name = f"flash_bwd_sm90_{tag}_{dk}x{dv}_{vtag}.cu"
-                decls = [f"flash_bwd_sm90_instance<{sm90_targs(dt, dk, dv, lay, v)}>(\n"
-                         "    const BwdParams&, cudaStream_t);\n" for v in vecs]
-                (HERE / name).write_text(
-                    SM90_UNIT.format(instances="".join("template void " + d for d in decls)))
+                unit_targs = [sm90_targs(dt, dk, dv, lay, v) for v in vecs]
+                (HERE / name).write_text(instantiation_unit(
+                    BANNER, "flash_bwd_sm90_kernel.cuh", "flash_bwd_sm90_instance", unit_targs,
+                    params="BwdParams"))
                 written.append(name)
-                externs += ["extern template void " + d for d in decls]
-                entries += [f"  X({dt}, {dk}, {dv}, {lay}, {v})" for v in vecs]
-    (HERE / "flash_bwd_sm90_instances.h").write_text(
-        SM90_HEADER.format(externs="".join(externs), entries=" \\\n".join(entries)))
+                targs += unit_targs
+                entries += [f"{dt}, {dk}, {dv}, {lay}, {v}" for v in vecs]
+    (HERE / "flash_bwd_sm90_instances.h").write_text(instances_header(
+        BANNER, "Hopper (wgmma) backward",
+        "DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes", "flash_bwd_sm90_instance",
+        targs, "PSA_FA2_BWD_SM90_INSTANCES", "dtype, dk, dv, layout, copy width", entries,
+        params="BwdParams", launcher_doc=SM90_LAUNCHER_DOC))
     return written
 
 

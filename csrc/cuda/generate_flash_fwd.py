@@ -14,7 +14,7 @@ The generated files are committed; rerun after editing HEAD_DIMS / DTYPES / LAYO
 
 import pathlib
 
-from generator_util import forward_instances_header, forward_unit, remove_stale
+from generator_util import instances_header, instantiation_unit, remove_stale
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -60,10 +60,10 @@ def write_kernel(prefix, header, launcher, head_dims, what, macro):
     written = []
     for name, dtype, dk, dv, layout, widths in files(prefix, head_dims):
         targs_list = [targs(dtype, dk, dv, layout, vec) for vec in widths]
-        (HERE / name).write_text(forward_unit(BANNER, header, launcher, targs_list))
+        (HERE / name).write_text(instantiation_unit(BANNER, header, launcher, targs_list))
         written.append(name)
     insts = list(instances(prefix, head_dims))
-    (HERE / f"{prefix}_instances.h").write_text(forward_instances_header(
+    (HERE / f"{prefix}_instances.h").write_text(instances_header(
         BANNER, what, "DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes",
         launcher, [targs(*inst) for inst in insts], macro,
         "dtype, dk, dv, layout, vec_bytes", [", ".join(map(str, inst)) for inst in insts]))

@@ -11,7 +11,7 @@ The generated files are committed; rerun after editing HEAD_DIMS / LAYOUTS / VAR
 
 import pathlib
 
-from generator_util import forward_instances_header, forward_unit, remove_stale
+from generator_util import instances_header, instantiation_unit, remove_stale
 
 HERE = pathlib.Path(__file__).resolve().parent
 
@@ -48,10 +48,10 @@ def main():
     written = []
     for name, dk, dv, layout, tf32, header in files():
         targs_list = [targs(dk, dv, layout, vec, tf32) for vec in WIDTHS]
-        (HERE / name).write_text(forward_unit(BANNER, header, "launch_flash_fwd_f32", targs_list))
+        (HERE / name).write_text(instantiation_unit(BANNER, header, "launch_flash_fwd_f32", targs_list))
         written.append(name)
 
-    (HERE / "flash_fwd_f32_instances.h").write_text(forward_instances_header(
+    (HERE / "flash_fwd_f32_instances.h").write_text(instances_header(
         BANNER, "float32 forward", "int kDk, int kDv, Layout kLayout, int kVecBytes, bool kTf32",
         "launch_flash_fwd_f32", [targs(*inst) for inst in instances()],
         "PSA_FA2_FLASH_FWD_F32_INSTANCES", "dk, dv, layout, vec_bytes, tf32",
