@@ -1,13 +1,15 @@
 """The fast kernels (impl="fast") against the float64 reference on the GPU: every fast
 (dk, dv), both layouts, bf16 / fp16 and fp32 (exact and TF32), odd N; determinism; 64-bit
 offsets."""
+import math
+
 import pytest
 import torch
 
 import psa_fa2_ext
-from helpers import (LAYOUTS, assert_close_to_reference, batch_heads, forward_reference,
-                     forward_reference_tf32, grads_reference, make_qkv, poison_cuda_allocator,
-                     rel_err, requires_cuda)
+from helpers import (LAYOUTS, assert_close_to_reference, assert_lse_close, batch_heads,
+                     forward_reference, forward_reference_tf32, grads_reference, make_qkv,
+                     poison_cuda_allocator, rel_err, requires_cuda)
 from test_attention import check_backward, check_forward
 
 pytestmark = requires_cuda
@@ -33,6 +35,49 @@ def test_forward_fast(N, dk, dv, dtype, layout):
 
 def on_hopper():
     return torch.cuda.get_device_capability() == (9, 0)
+
+
+def rising_scores_qkv(N, dtype, layout):
+    """q, k, v whose scores rise along the keys by 48 in the kernels' log2 units: each row's
+    running max moves every few key tiles, a path that random scores (whose max settles in
+    the first tiles) almost never take."""
+    B, H, dk, dv = 2, 4, 32, 64
+    _, q, k, v = make_qkv(B, H, N, dk, dv, dtype, "cuda", layout)
+    scale = dk ** -0.5
+    with torch.no_grad():
+        q[..., 0] = 1
+        k[..., 0] = torch.linspace(0, 48 / (scale * math.log2(math.e)), N, device="cuda")
+    return q, k, v, scale
+
+
+@pytest.mark.parametrize("N", [1000, 4097])
+@layouts
+@dtypes
+@pytest.mark.parametrize("kernel", ["default", "mma_sync"])
+def test_forward_fast_rising_scores(N, dtype, layout, kernel, monkeypatch):
+    if kernel == "mma_sync":
+        if not on_hopper():
+            pytest.skip("the default kernel is the mma.sync one off Hopper")
+        monkeypatch.setenv("PSA_FA2_DISABLE_SM90", "1")
+    q, k, v, scale = rising_scores_qkv(N, dtype, layout)
+    poison_cuda_allocator(4 * q.numel() * 8, "cuda")
+    out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
+    ref64, eager = forward_reference(q, k, v, scale)
+    assert_close_to_reference("out", out, ref64, eager, dtype)
+    assert_lse_close(lse, q, k, scale)
+
+
+@layouts
+@dtypes
+def test_backward_fast_rising_scores(dtype, layout):
+    q, k, v, scale = rising_scores_qkv(1000, dtype, layout)
+    out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
+    dout = torch.randn_like(out)
+    grads = [torch.zeros_like(t) for t in (q, k, v)]
+    torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, scale, *grads, "fast", False)
+    ref64, eager = grads_reference(q, k, v, scale, dout)
+    for name, ours, r, e in zip(("dq", "dk", "dv"), grads, ref64, eager):
+        assert_close_to_reference(name, ours, r, e, dtype)
 
 
 def test_hopper_builds_run_the_wgmma_forward():

@@ -18,6 +18,12 @@
 //
 // The running row max moves only when it grows by more than 2^8 (mma_softmax::kLazyMaxSlack),
 // and O is rescaled only when some row of the warp moved, which most tiles of a long row skip.
+// Past the first tile the kernel does not even take the max: it exponentiates against the
+// reference it has, and only when some probability of the warp comes out above 2^8 (after the
+// bf16 / fp16 rounding; inf included) does it recompute S for that tile and take the max
+// path. That drops the max tree, its shuffles and the alpha exponentials from the common step
+// and gives the same probabilities as taking the lazy max every tile.
+// PSA_FA2_SM90_FWD_CHECKED_MAX=0 (compile-time) takes the max on every tile instead.
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
@@ -45,6 +51,11 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static constexpr int kSubTiles = 1;
 #endif
   static constexpr int kBlockN = kTileN * kSubTiles;  // keys per step
+#if defined(PSA_FA2_SM90_FWD_CHECKED_MAX)
+  static constexpr bool kCheckedMax = PSA_FA2_SM90_FWD_CHECKED_MAX;
+#else
+  static constexpr bool kCheckedMax = true;
+#endif
   using QTile = typename Base::QTile;
   using OTile = typename Base::OTile;
   using KTile = std::conditional_t<kCF, SmemTile<kDk, kTileN>, SmemTile<kTileN, kDk>>;
@@ -70,12 +81,14 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static_assert(KOperand::kNExtent == kTileN && VOperand::kNExtent == kDv,
                 "each wgmma reads whole tiles: n = 64 keys for S, n = dv for O");
   // Resident CTAs per SM (__launch_bounds__): 3 (<= 168 registers) leave ptxas room; it uses
-  // about 128, so 4 CTAs fit. The 2-byte loads of odd N (32 in flight) and two tiles per step
+  // about 128 with the max on every tile, so 4 CTAs fit. The checked max needs 4 (<= 128) to
+  // get them: left at 3 ptxas spends 133, which is 3 CTAs per SM; at 4 it uses 120, no spills. The 2-byte loads of odd N (32 in flight) and two tiles per step
   // need 2 to stay free of spills. PSA_FA2_SM90_MIN_BLOCKS overrides it (experiments).
 #if defined(PSA_FA2_SM90_MIN_BLOCKS)
   static constexpr int kMinBlocks = PSA_FA2_SM90_MIN_BLOCKS;
 #else
-  static constexpr int kMinBlocks = kSubTiles == 1 && kVecBytes != 2 ? 3 : 2;
+  static constexpr int kMinBlocks =
+      kSubTiles == 1 && kVecBytes != 2 ? (kCheckedMax ? 4 : 3) : 2;
 #endif
 };
 
@@ -98,6 +111,7 @@ __global__ void __launch_bounds__(kThreads,
   constexpr int kSTiles = kBlockN / 8;   // n8 blocks of S per warp
   constexpr int kPVSteps = kBlockN / 16; // k16 steps of O += P V
   constexpr int kOTiles = kDv / 8;       // n8 blocks of O per warp
+  constexpr bool kCheckedMax = Tr::kCheckedMax;
 
   // Named apart from the mma.sync kernel's (128-byte aligned) array, with which it may share a
   // translation unit (bench/tune/tune_fwd.cu).
@@ -203,6 +217,25 @@ __global__ void __launch_bounds__(kThreads,
 #pragma unroll
     for (int kk = 0; kk < kPVSteps; ++kk) pack_a_fragment<kDtype>(pf[kk], s, kk);
   };
+  // Whether a packed probability of this warp is above 2^kLazyMaxSlack (or inf / NaN): a
+  // tree of 16-bit maxima over the bit patterns, which order like the values (all >= +0).
+  auto above_slack = [](const uint32_t (&pf)[kPVSteps][4]) {
+    constexpr uint32_t kLimit = kDtype == DType::kBFloat16 ? 0x4380u : 0x5C00u;  // 2^8
+    static_assert(mma_softmax::kLazyMaxSlack == 8.f, "kLimit is 2^8");
+    constexpr int kRegs = kPVSteps * 4;
+    uint32_t m[kRegs];
+#pragma unroll
+    for (int i = 0; i < kRegs; ++i) m[i] = pf[i / 4][i % 4];
+#pragma unroll
+    for (int w = 1; w < kRegs; w *= 2) {
+#pragma unroll
+      for (int i = 0; i + w < kRegs; i += 2 * w) {
+        asm("max.u16x2 %0, %0, %1;\n" : "+r"(m[i]) : "r"(m[i + w]));
+      }
+    }
+    const bool above = (m[0] & 0xffffu) > kLimit || (m[0] >> 16) > kLimit;
+    return __any_sync(0xffffffffu, above);
+  };
 
   float s[kSTiles][4];
   float o[kOTiles][4];
@@ -211,15 +244,19 @@ __global__ void __launch_bounds__(kThreads,
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
   float alpha[2];
+  float neg_m[2];  // the exponentials' offsets: -(the rows' reference max)
+  float sums[2];
 
   wgmma::fence();
   issue_s(s, 0);
   wgmma::wait_group<0>();
   wgmma::pin(s);
   mma_softmax::mask_keys_from(s, 0, N, t);
-  mma_softmax::softmax_probabilities(s, row_max, row_sum, scale_log2, alpha);  // o is still 0
+  mma_softmax::update_row_max<kSTiles>(s, row_max, scale_log2, alpha, neg_m);
+  mma_softmax::exponentiate(s, neg_m, scale_log2, row_sum);  // o is still 0
 
   uint32_t pf[kPVSteps][4];
+  if constexpr (kCheckedMax) pack_p(s, pf);  // P_0; later steps pack as they finish
   // Tile j >= 1. Only the last tile can be partial; the others take no branch between issue and
   // wait, which ptxas would otherwise answer by waiting for every product at the branch.
   auto tile_step = [&](int j, auto is_last) {
@@ -231,7 +268,7 @@ __global__ void __launch_bounds__(kThreads,
     copy_v(j);
     cp_async_commit();
 
-    pack_p(s, pf);
+    if constexpr (!kCheckedMax) pack_p(s, pf);
     wgmma::pin(o);
     wgmma::fence();
     issue_s(s, j);
@@ -240,13 +277,39 @@ __global__ void __launch_bounds__(kThreads,
     wgmma::wait_group<1>();
     wgmma::pin(s);
     if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
-    mma_softmax::softmax_probabilities<kSTiles, true>(s, row_max, row_sum, scale_log2, alpha);
-    wgmma::wait_group<0>();
-    wgmma::pin(o);
-    wgmma::pin(pf);
-    // With the lazy max most tiles of a long row leave every row of the warp unscaled.
-    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-      mma_softmax::rescale_rows(o, alpha);
+    if constexpr (kCheckedMax) {
+      mma_softmax::exponentiate(s, neg_m, scale_log2, sums);
+      wgmma::wait_group<0>();  // P_{j-1} V_{j-1} is done with pf
+      wgmma::pin(o);
+      wgmma::pin(pf);
+      pack_p(s, pf);
+      if (!above_slack(pf)) {
+        row_sum[0] += sums[0];
+        row_sum[1] += sums[1];
+      } else {
+        // Some row grew past its reference: S_j again (K_j is still in its stage), the max
+        // of the lazy-max path, and O rescaled.
+        wgmma::fence();
+        issue_s(s, j);
+        wgmma::wait_group<0>();
+        wgmma::pin(s);
+        if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
+        mma_softmax::update_row_max<kSTiles, true>(s, row_max, scale_log2, alpha, neg_m);
+        mma_softmax::exponentiate(s, neg_m, scale_log2, sums);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * alpha[r] + sums[r];
+        mma_softmax::rescale_rows(o, alpha);
+        pack_p(s, pf);
+      }
+    } else {
+      mma_softmax::softmax_probabilities<kSTiles, true>(s, row_max, row_sum, scale_log2, alpha);
+      wgmma::wait_group<0>();
+      wgmma::pin(o);
+      wgmma::pin(pf);
+      // With the lazy max most tiles of a long row leave every row of the warp unscaled.
+      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+        mma_softmax::rescale_rows(o, alpha);
+      }
     }
   };
   for (int j = 1; j + 1 < n_tiles; ++j) tile_step(j, std::false_type{});
@@ -254,7 +317,7 @@ __global__ void __launch_bounds__(kThreads,
 
   // The last tile's P V.
   publish_copies();
-  pack_p(s, pf);
+  if constexpr (!kCheckedMax) pack_p(s, pf);
   wgmma::pin(o);
   wgmma::fence();
   issue_pv(o, pf, n_tiles - 1);

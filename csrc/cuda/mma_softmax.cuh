@@ -51,10 +51,12 @@ __device__ __forceinline__ void mask_keys_from(float (&s)[kTiles][4], int n0, in
 // bf16 / fp16 roundings keep the same relative error (far from either format's range limit).
 constexpr float kLazyMaxSlack = 8.f;
 
+// The first half of softmax_probabilities: the new running max of rows g and g + 8, the
+// factors alpha of the old one and the offsets neg_m that the exponentials add.
 template <int kTiles, bool kLazyMax = false>
-__device__ __forceinline__ void softmax_probabilities(float (&s)[kTiles][4], float (&row_max)[2],
-                                                      float (&row_sum)[2], float scale_log2,
-                                                      float (&alpha)[2]) {
+__device__ __forceinline__ void update_row_max(const float (&s)[kTiles][4], float (&row_max)[2],
+                                               float scale_log2, float (&alpha)[2],
+                                               float (&neg_m)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     // The row max is on the critical path from S to the exps: a tree (depth log2(2 kTiles))
@@ -81,16 +83,37 @@ __device__ __forceinline__ void softmax_probabilities(float (&s)[kTiles][4], flo
     const float m_ref = m_new == -INFINITY ? 0.f : m_new;
     alpha[r] = ex2(row_max[r] - m_ref);  // 0 on the first tile (row_max = -inf)
     row_max[r] = m_new;
-    const float neg_m = -m_ref;
+    neg_m[r] = -m_ref;
+  }
+}
+
+// The second half: s becomes 2^(s * scale_log2 + neg_m); sums receives this lane's sums of
+// rows g and g + 8.
+template <int kTiles>
+__device__ __forceinline__ void exponentiate(float (&s)[kTiles][4], const float (&neg_m)[2],
+                                             float scale_log2, float (&sums)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
     float sum = 0.f;
 #pragma unroll
     for (int i = 0; i < kTiles; ++i) {
-      s[i][2 * r] = ex2(fmaf(s[i][2 * r], scale_log2, neg_m));
-      s[i][2 * r + 1] = ex2(fmaf(s[i][2 * r + 1], scale_log2, neg_m));
+      s[i][2 * r] = ex2(fmaf(s[i][2 * r], scale_log2, neg_m[r]));
+      s[i][2 * r + 1] = ex2(fmaf(s[i][2 * r + 1], scale_log2, neg_m[r]));
       sum += s[i][2 * r] + s[i][2 * r + 1];
     }
-    row_sum[r] = row_sum[r] * alpha[r] + sum;
+    sums[r] = sum;
   }
+}
+
+template <int kTiles, bool kLazyMax = false>
+__device__ __forceinline__ void softmax_probabilities(float (&s)[kTiles][4], float (&row_max)[2],
+                                                      float (&row_sum)[2], float scale_log2,
+                                                      float (&alpha)[2]) {
+  float neg_m[2], sums[2];
+  update_row_max<kTiles, kLazyMax>(s, row_max, scale_log2, alpha, neg_m);
+  exponentiate(s, neg_m, scale_log2, sums);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * alpha[r] + sums[r];
 }
 
 // Rows g and g + 8 of an accumulator of C fragments (16 rows x 8 * kOTiles) times alpha.
