@@ -15,15 +15,21 @@
 // kept it later), so the overlap of one CTA's softmax with its own P V is small; the kernel
 // relies on its 3-4 CTAs per SM (116-136 registers, 28 KB of shared memory) to overlap one
 // CTA's softmax with the others' MMAs.
+// Tried on the H200, not kept: four such warpgroups per CTA (one CTA per SM) ran 1.3% faster
+// at B,H,N = 1,2,62500 and 17% slower at 8,4,6400; with a token passed around them so that
+// one at a time runs its exponentials (MUFU contention looked like the limit), 15-44% slower.
 //
 // The running row max moves only when it grows by more than 2^8 (mma_softmax::kLazyMaxSlack),
 // and O is rescaled only when some row of the warp moved, which most tiles of a long row skip.
-// Past the first tile the kernel does not even take the max: it exponentiates against the
-// reference it has, and only when some probability of the warp comes out above 2^8 (after the
-// bf16 / fp16 rounding; inf included) does it recompute S for that tile and take the max
-// path. That drops the max tree, its shuffles and the alpha exponentials from the common step
-// and gives the same probabilities as taking the lazy max every tile.
-// PSA_FA2_SM90_FWD_CHECKED_MAX=0 (compile-time) takes the max on every tile instead.
+// PSA_FA2_SM90_FWD_CHECKED_MAX=1 (compile-time, off by default: it has not run on a GPU yet)
+// goes one step further: past the first tile it does not take the max at all. It
+// exponentiates against the reference it has, and only when a probability of a stored row
+// comes out above 2^8 (after the bf16 / fp16 rounding; inf and NaN included) does the
+// warpgroup recompute S for that tile and take the lazy-max path. The decision is taken by
+// the barrier of the next step (__syncthreads_or), because the recomputation is a wgmma and
+// so must be taken by all four warps together. That drops the max tree, its shuffles and the
+// alpha exponentials from the common step (about 40 of its 270 instructions per warp, 2 of
+// its 34 MUFU ops) and gives the same probabilities as taking the lazy max every tile.
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
@@ -54,7 +60,7 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
 #if defined(PSA_FA2_SM90_FWD_CHECKED_MAX)
   static constexpr bool kCheckedMax = PSA_FA2_SM90_FWD_CHECKED_MAX;
 #else
-  static constexpr bool kCheckedMax = true;
+  static constexpr bool kCheckedMax = false;
 #endif
   using QTile = typename Base::QTile;
   using OTile = typename Base::OTile;
@@ -81,8 +87,8 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static_assert(KOperand::kNExtent == kTileN && VOperand::kNExtent == kDv,
                 "each wgmma reads whole tiles: n = 64 keys for S, n = dv for O");
   // Resident CTAs per SM (__launch_bounds__): 3 (<= 168 registers) leave ptxas room; it uses
-  // about 128 with the max on every tile, so 4 CTAs fit. The checked max needs 4 (<= 128) to
-  // get them: left at 3 ptxas spends 133, which is 3 CTAs per SM; at 4 it uses 120, no spills. The 2-byte loads of odd N (32 in flight) and two tiles per step
+  // about 128, so 4 CTAs fit. The checked max needs 4 (<= 128) to get them: left at 3 ptxas
+  // spends about 133, which is 3 CTAs per SM; at 4 it uses 118-126, no spills. The 2-byte loads of odd N (32 in flight) and two tiles per step
   // need 2 to stay free of spills. PSA_FA2_SM90_MIN_BLOCKS overrides it (experiments).
 #if defined(PSA_FA2_SM90_MIN_BLOCKS)
   static constexpr int kMinBlocks = PSA_FA2_SM90_MIN_BLOCKS;
@@ -217,24 +223,36 @@ __global__ void __launch_bounds__(kThreads,
 #pragma unroll
     for (int kk = 0; kk < kPVSteps; ++kk) pack_a_fragment<kDtype>(pf[kk], s, kk);
   };
-  // Whether a packed probability of this warp is above 2^kLazyMaxSlack (or inf / NaN): a
-  // tree of 16-bit maxima over the bit patterns, which order like the values (all >= +0).
-  auto above_slack = [](const uint32_t (&pf)[kPVSteps][4]) {
+  // kCheckedMax: whether a packed probability of this thread's stored rows (rows past N, whose
+  // Q may be anything, do not count) is above 2^kLazyMaxSlack, inf or NaN. A tree of 16-bit
+  // maxima over the bit patterns, which order like the values (all are >= +0). pf[kk][0] and
+  // pf[kk][2] hold row g, pf[kk][1] and pf[kk][3] row g + 8.
+  const bool row_g_stored = m0 + warp * 16 + lane / 4 < N;
+  const bool row_g8_stored = m0 + warp * 16 + lane / 4 + 8 < N;
+  auto above_slack = [&](const uint32_t (&pf)[kPVSteps][4]) {
     constexpr uint32_t kLimit = kDtype == DType::kBFloat16 ? 0x4380u : 0x5C00u;  // 2^8
     static_assert(mma_softmax::kLazyMaxSlack == 8.f, "kLimit is 2^8");
-    constexpr int kRegs = kPVSteps * 4;
-    uint32_t m[kRegs];
+    uint32_t m[2][2 * kPVSteps];  // [row g / g + 8][register]
 #pragma unroll
-    for (int i = 0; i < kRegs; ++i) m[i] = pf[i / 4][i % 4];
+    for (int kk = 0; kk < kPVSteps; ++kk) {
 #pragma unroll
-    for (int w = 1; w < kRegs; w *= 2) {
-#pragma unroll
-      for (int i = 0; i + w < kRegs; i += 2 * w) {
-        asm("max.u16x2 %0, %0, %1;\n" : "+r"(m[i]) : "r"(m[i + w]));
+      for (int r = 0; r < 2; ++r) {
+        m[r][2 * kk] = pf[kk][r];
+        m[r][2 * kk + 1] = pf[kk][r + 2];
       }
     }
-    const bool above = (m[0] & 0xffffu) > kLimit || (m[0] >> 16) > kLimit;
-    return __any_sync(0xffffffffu, above);
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+      for (int w = 1; w < 2 * kPVSteps; w *= 2) {
+#pragma unroll
+        for (int i = 0; i + w < 2 * kPVSteps; i += 2 * w) {
+          asm("max.u16x2 %0, %0, %1;\n" : "+r"(m[r][i]) : "r"(m[r][i + w]));
+        }
+      }
+    }
+    auto above = [](uint32_t x) { return (x & 0xffffu) > kLimit || (x >> 16) > kLimit; };
+    return (row_g_stored && above(m[0][0])) || (row_g8_stored && above(m[1][0]));
   };
 
   float s[kSTiles][4];
@@ -244,26 +262,62 @@ __global__ void __launch_bounds__(kThreads,
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
   float alpha[2];
-  float neg_m[2];  // the exponentials' offsets: -(the rows' reference max)
-  float sums[2];
+  // kCheckedMax: the exponentials' offsets (-(the rows' reference max)), the row sums of the
+  // last tile and whether that tile must be redone, which the next barrier settles.
+  float neg_m[2];
+  float sums[2] = {0.f, 0.f};
+  bool above = false;
 
   wgmma::fence();
   issue_s(s, 0);
   wgmma::wait_group<0>();
   wgmma::pin(s);
   mma_softmax::mask_keys_from(s, 0, N, t);
-  mma_softmax::update_row_max<kSTiles>(s, row_max, scale_log2, alpha, neg_m);
-  mma_softmax::exponentiate(s, neg_m, scale_log2, row_sum);  // o is still 0
+  mma_softmax::softmax_probabilities(s, row_max, row_sum, scale_log2, alpha);  // o is still 0
 
   uint32_t pf[kPVSteps][4];
-  if constexpr (kCheckedMax) pack_p(s, pf);  // P_0; later steps pack as they finish
+  // The reference max of the checked max: the first tile's. Its steps pack P as they finish.
+  auto set_offsets = [&] {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) neg_m[r] = row_max[r] == -INFINITY ? 0.f : -row_max[r];
+  };
+  if constexpr (kCheckedMax) {
+    set_offsets();
+    pack_p(s, pf);
+  }
+  // kCheckedMax: the copies' barrier also decides, for the whole warpgroup (the wgmmas are
+  // warpgroup-wide), whether tile i (the last one exponentiated) must be redone: then S_i again
+  // (K_i is still in its stage: the copies that refill it come after this), the lazy-max path
+  // and O (which holds the products of the tiles before i) rescaled. Else its sums count.
+  auto settle_tile = [&](int i, auto is_last) {
+    cp_async_wait<0>();
+    wgmma::fence_proxy_async_shared();
+    if (!__syncthreads_or(above)) {
+      row_sum[0] += sums[0];
+      row_sum[1] += sums[1];
+      return;
+    }
+    wgmma::fence();
+    issue_s(s, i);
+    wgmma::wait_group<0>();
+    wgmma::pin(s);
+    if constexpr (decltype(is_last)::value) mma_softmax::mask_keys_past(s, i * kBlockN, N, t);
+    mma_softmax::softmax_probabilities<kSTiles, true>(s, row_max, row_sum, scale_log2, alpha);
+    set_offsets();
+    mma_softmax::rescale_rows(o, alpha);
+    pack_p(s, pf);
+  };
   // Tile j >= 1. Only the last tile can be partial; the others take no branch between issue and
   // wait, which ptxas would otherwise answer by waiting for every product at the branch.
   auto tile_step = [&](int j, auto is_last) {
     constexpr bool kLast = decltype(is_last)::value;
     // K tile j and V tile j-1 landed; every thread is past tile j-1's products, so K stage
     // (j+1) % 2 and V stage j % 2 may be refilled.
-    publish_copies();
+    if constexpr (kCheckedMax) {
+      settle_tile(j - 1, std::false_type{});
+    } else {
+      publish_copies();
+    }
     if constexpr (!kLast) copy_k(j + 1);
     copy_v(j);
     cp_async_commit();
@@ -283,24 +337,7 @@ __global__ void __launch_bounds__(kThreads,
       wgmma::pin(o);
       wgmma::pin(pf);
       pack_p(s, pf);
-      if (!above_slack(pf)) {
-        row_sum[0] += sums[0];
-        row_sum[1] += sums[1];
-      } else {
-        // Some row grew past its reference: S_j again (K_j is still in its stage), the max
-        // of the lazy-max path, and O rescaled.
-        wgmma::fence();
-        issue_s(s, j);
-        wgmma::wait_group<0>();
-        wgmma::pin(s);
-        if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
-        mma_softmax::update_row_max<kSTiles, true>(s, row_max, scale_log2, alpha, neg_m);
-        mma_softmax::exponentiate(s, neg_m, scale_log2, sums);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * alpha[r] + sums[r];
-        mma_softmax::rescale_rows(o, alpha);
-        pack_p(s, pf);
-      }
+      above = above_slack(pf);
     } else {
       mma_softmax::softmax_probabilities<kSTiles, true>(s, row_max, row_sum, scale_log2, alpha);
       wgmma::wait_group<0>();
@@ -316,8 +353,12 @@ __global__ void __launch_bounds__(kThreads,
   if (n_tiles > 1) tile_step(n_tiles - 1, std::true_type{});
 
   // The last tile's P V.
-  publish_copies();
-  if constexpr (!kCheckedMax) pack_p(s, pf);
+  if constexpr (kCheckedMax) {
+    settle_tile(n_tiles - 1, std::true_type{});
+  } else {
+    publish_copies();
+    pack_p(s, pf);
+  }
   wgmma::pin(o);
   wgmma::fence();
   issue_pv(o, pf, n_tiles - 1);

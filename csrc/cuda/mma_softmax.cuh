@@ -51,69 +51,71 @@ __device__ __forceinline__ void mask_keys_from(float (&s)[kTiles][4], int n0, in
 // bf16 / fp16 roundings keep the same relative error (far from either format's range limit).
 constexpr float kLazyMaxSlack = 8.f;
 
-// The first half of softmax_probabilities: the new running max of rows g and g + 8, the
-// factors alpha of the old one and the offsets neg_m that the exponentials add.
-template <int kTiles, bool kLazyMax = false>
-__device__ __forceinline__ void update_row_max(const float (&s)[kTiles][4], float (&row_max)[2],
-                                               float scale_log2, float (&alpha)[2],
-                                               float (&neg_m)[2]) {
+// Row r (0: g, 1: g + 8) of softmax_probabilities' first half: the row's new running max, the
+// factor alpha of the old one and the offset neg_m that its exponentials add.
+template <int kTiles, bool kLazyMax>
+__device__ __forceinline__ void update_row_max(const float (&s)[kTiles][4], int r,
+                                               float (&row_max)[2], float scale_log2,
+                                               float (&alpha)[2], float (&neg_m)[2]) {
+  // The row max is on the critical path from S to the exps: a tree (depth log2(2 kTiles))
+  // rather than a chain. fmaxf drops NaN operands, so with the final -inf it gives what a
+  // chain from -inf gives, NaN scores included.
+  float m[kTiles];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    // The row max is on the critical path from S to the exps: a tree (depth log2(2 kTiles))
-    // rather than a chain. fmaxf drops NaN operands, so with the final -inf it gives what a
-    // chain from -inf gives, NaN scores included.
-    float m[kTiles];
+  for (int i = 0; i < kTiles; ++i) m[i] = fmaxf(s[i][2 * r], s[i][2 * r + 1]);
 #pragma unroll
-    for (int i = 0; i < kTiles; ++i) m[i] = fmaxf(s[i][2 * r], s[i][2 * r + 1]);
+  for (int w = 1; w < kTiles; w *= 2) {
 #pragma unroll
-    for (int w = 1; w < kTiles; w *= 2) {
-#pragma unroll
-      for (int i = 0; i + w < kTiles; i += 2 * w) m[i] = fmaxf(m[i], m[i + w]);
-    }
-    float mx = fmaxf(m[0], -INFINITY);
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-    float m_new = fmaxf(row_max[r], mx * scale_log2);
-    if constexpr (kLazyMax) {
-      if (m_new - row_max[r] <= kLazyMaxSlack) m_new = row_max[r];  // -inf - -inf = NaN: moves
-    }
-    // A row whose scores so far are all -inf would give (-inf) - (-inf) = NaN below; use 0 as
-    // the reference then, so such keys get weight 0 like in eager softmax. NaN scores are not
-    // affected (fmaxf skips them, ex2(NaN) stays NaN) and still poison the row as in eager.
-    const float m_ref = m_new == -INFINITY ? 0.f : m_new;
-    alpha[r] = ex2(row_max[r] - m_ref);  // 0 on the first tile (row_max = -inf)
-    row_max[r] = m_new;
-    neg_m[r] = -m_ref;
+    for (int i = 0; i + w < kTiles; i += 2 * w) m[i] = fmaxf(m[i], m[i + w]);
   }
+  float mx = fmaxf(m[0], -INFINITY);
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  float m_new = fmaxf(row_max[r], mx * scale_log2);
+  if constexpr (kLazyMax) {
+    if (m_new - row_max[r] <= kLazyMaxSlack) m_new = row_max[r];  // -inf - -inf = NaN: moves
+  }
+  // A row whose scores so far are all -inf would give (-inf) - (-inf) = NaN below; use 0 as
+  // the reference then, so such keys get weight 0 like in eager softmax. NaN scores are not
+  // affected (fmaxf skips them, ex2(NaN) stays NaN) and still poison the row as in eager.
+  const float m_ref = m_new == -INFINITY ? 0.f : m_new;
+  alpha[r] = ex2(row_max[r] - m_ref);  // 0 on the first tile (row_max = -inf)
+  row_max[r] = m_new;
+  neg_m[r] = -m_ref;
 }
 
-// The second half: s becomes 2^(s * scale_log2 + neg_m); sums receives this lane's sums of
-// rows g and g + 8.
+// Its second half: row r of s becomes 2^(s * scale_log2 + neg_m); returns this lane's sum of it.
 template <int kTiles>
-__device__ __forceinline__ void exponentiate(float (&s)[kTiles][4], const float (&neg_m)[2],
-                                             float scale_log2, float (&sums)[2]) {
+__device__ __forceinline__ float exponentiate_row(float (&s)[kTiles][4], int r, float neg_m,
+                                                  float scale_log2) {
+  float sum = 0.f;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    float sum = 0.f;
-#pragma unroll
-    for (int i = 0; i < kTiles; ++i) {
-      s[i][2 * r] = ex2(fmaf(s[i][2 * r], scale_log2, neg_m[r]));
-      s[i][2 * r + 1] = ex2(fmaf(s[i][2 * r + 1], scale_log2, neg_m[r]));
-      sum += s[i][2 * r] + s[i][2 * r + 1];
-    }
-    sums[r] = sum;
+  for (int i = 0; i < kTiles; ++i) {
+    s[i][2 * r] = ex2(fmaf(s[i][2 * r], scale_log2, neg_m));
+    s[i][2 * r + 1] = ex2(fmaf(s[i][2 * r + 1], scale_log2, neg_m));
+    sum += s[i][2 * r] + s[i][2 * r + 1];
   }
+  return sum;
 }
 
 template <int kTiles, bool kLazyMax = false>
 __device__ __forceinline__ void softmax_probabilities(float (&s)[kTiles][4], float (&row_max)[2],
                                                       float (&row_sum)[2], float scale_log2,
                                                       float (&alpha)[2]) {
-  float neg_m[2], sums[2];
-  update_row_max<kTiles, kLazyMax>(s, row_max, scale_log2, alpha, neg_m);
-  exponentiate(s, neg_m, scale_log2, sums);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) row_sum[r] = row_sum[r] * alpha[r] + sums[r];
+  for (int r = 0; r < 2; ++r) {
+    float neg_m[2];
+    update_row_max<kTiles, kLazyMax>(s, r, row_max, scale_log2, alpha, neg_m);
+    row_sum[r] = row_sum[r] * alpha[r] + exponentiate_row(s, r, neg_m[r], scale_log2);
+  }
+}
+
+// Both rows' exponentials against given offsets, without a max: this lane's row sums of them.
+template <int kTiles>
+__device__ __forceinline__ void exponentiate(float (&s)[kTiles][4], const float (&neg_m)[2],
+                                             float scale_log2, float (&sums)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) sums[r] = exponentiate_row(s, r, neg_m[r], scale_log2);
 }
 
 // Rows g and g + 8 of an accumulator of C fragments (16 rows x 8 * kOTiles) times alpha.

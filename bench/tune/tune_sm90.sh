@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Checks and times compile-time variants of the Hopper (wgmma) kernels through the extension
+# (needs a Hopper GPU, nvcc and the build's torch), from the project root:
+#   bash bench/tune/tune_sm90.sh fwd|bwd [variant...]
+#   (default: every variant of that kernel; shapes: SHAPES="16x4x400 ..." in the environment)
+# Each variant rebuilds that kernel's flash_{fwd,bwd}_sm90_*.cu files with its -D flags
+# (NVCC_APPEND_FLAGS; the touch makes ninja rebuild them), runs that kernel's tests on it
+# (their summary line), then times it, bf16: bench/fwd_kernels.py or bench/bwd_schedules.py.
+# The last build is the default one again, so the tree is left as it was.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+kernel=${1:?usage: tune_sm90.sh fwd|bwd [variant...]}
+shift
+shapes=${SHAPES:-16x4x400 16x4x1600 8x4x6400 1x2x62500}
+declare -A variants
+if [ "$kernel" = fwd ]; then
+  variants=(
+    [default]=""
+    [checked_max]="-DPSA_FA2_SM90_FWD_CHECKED_MAX=1"
+    [min_blocks4]="-DPSA_FA2_SM90_MIN_BLOCKS=4"
+  )
+  order="default checked_max min_blocks4"
+  tests="test_forward_fast and not fp32 and not tf32"
+  timing="bench/fwd_kernels.py"
+elif [ "$kernel" = bwd ]; then
+  variants=(
+    [default]=""
+    [three_stages]="-DPSA_FA2_BWD90_STAGES=3"
+    [early_lse]="-DPSA_FA2_BWD90_EARLY_LSE=1"
+    [two_dq_chains]="-DPSA_FA2_BWD90_DQ_CHAINS=2"
+    [all_three]="-DPSA_FA2_BWD90_STAGES=3 -DPSA_FA2_BWD90_EARLY_LSE=1 -DPSA_FA2_BWD90_DQ_CHAINS=2"
+    [dq_wgmma]="-DPSA_FA2_BWD90_DQ_WGMMA=1"
+  )
+  order="default dq_wgmma three_stages early_lse two_dq_chains all_three"
+  tests="wgmma_on_hopper or backward_fast_rising_scores"
+  timing="bench/bwd_schedules.py"
+else
+  echo "usage: tune_sm90.sh fwd|bwd [variant...]" >&2
+  exit 2
+fi
+build() {
+  touch csrc/cuda/flash_"$kernel"_sm90_*.cu
+  NVCC_APPEND_FLAGS="$1" python3 setup.py build_ext --inplace >/tmp/tune_sm90_build.log 2>&1 \
+    || { tail -30 /tmp/tune_sm90_build.log; exit 1; }
+}
+for name in ${*:-$order}; do
+  [ -v "variants[$name]" ] || { echo "unknown $kernel variant: $name" >&2; exit 2; }
+  echo "== $name (${variants[$name]:-defaults})"
+  build "${variants[$name]}"
+  python3 -m pytest tests/test_fast_kernels.py -q -p no:cacheprovider -k "$tests" | tail -1 || true
+  # shellcheck disable=SC2086
+  python3 "$timing" --dtypes bf16 --shapes $shapes | tail -n +3
+done
+build ""
