@@ -26,7 +26,7 @@
 #include "flash_fwd_kernel.cuh"
 #include "wgmma.cuh"
 
-// Compile-time variants (bench/tune/tune_bwd_sm90.sh times them). The defaults are the fastest
+// Compile-time variants (`bench/tune/tune_sm90.sh bwd` checks and times them). The defaults are the fastest
 // combination measured on the H200 (bench/results/h200-2026-12-01-5bb34ec): with all three
 // switched the kernel was 4-8% slower at N = 400 .. 62 500, with two of them 0-5%.
 #ifndef PSA_FA2_BWD90_STAGES
@@ -40,7 +40,9 @@
 #endif
 // 1: each warpgroup computes dQ over its own 64 keys with wgmma (A = its dS^T from a swizzled
 // tile, B = its K tile) and reduces it into the workspace itself: no CTA barrier before dQ,
-// twice the dQ reductions. Not yet measured; 0 is the mma.sync dQ over the CTA's 128 keys.
+// twice the dQ reductions. Its tests pass, but it was 8-10% slower at every shape on the H200
+// (bench/results/h200-2026-12-01-0a2a437/bwd_dq_wgmma.md); 0 is the mma.sync dQ over the
+// CTA's 128 keys.
 #ifndef PSA_FA2_BWD90_DQ_WGMMA
 #define PSA_FA2_BWD90_DQ_WGMMA 0
 #endif
