@@ -88,8 +88,9 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
                 "each wgmma reads whole tiles: n = 64 keys for S, n = dv for O");
   // Resident CTAs per SM (__launch_bounds__): 3 (<= 168 registers) leave ptxas room; it uses
   // about 128, so 4 CTAs fit. The checked max needs 4 (<= 128) to get them: left at 3 ptxas
-  // spends about 133, which is 3 CTAs per SM; at 4 it uses 118-126, no spills. The 2-byte loads of odd N (32 in flight) and two tiles per step
-  // need 2 to stay free of spills. PSA_FA2_SM90_MIN_BLOCKS overrides it (experiments).
+  // spends about 133, which is 3 CTAs per SM; at 4 it uses 118-126, no spills. The 2-byte
+  // loads of odd N (32 in flight) and two tiles per step need 2 to stay free of spills.
+  // PSA_FA2_SM90_MIN_BLOCKS overrides it (experiments).
 #if defined(PSA_FA2_SM90_MIN_BLOCKS)
   static constexpr int kMinBlocks = PSA_FA2_SM90_MIN_BLOCKS;
 #else
