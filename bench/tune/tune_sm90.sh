@@ -29,9 +29,8 @@ elif [ "$kernel" = bwd ]; then
     [early_lse]="-DPSA_FA2_BWD90_EARLY_LSE=1"
     [two_dq_chains]="-DPSA_FA2_BWD90_DQ_CHAINS=2"
     [all_three]="-DPSA_FA2_BWD90_STAGES=3 -DPSA_FA2_BWD90_EARLY_LSE=1 -DPSA_FA2_BWD90_DQ_CHAINS=2"
-    [dq_wgmma]="-DPSA_FA2_BWD90_DQ_WGMMA=1"
   )
-  order="default dq_wgmma three_stages early_lse two_dq_chains all_three"
+  order="default three_stages early_lse two_dq_chains all_three"
   tests="wgmma_on_hopper or backward_fast_rising_scores"
   timing="bench/bwd_schedules.py"
 else

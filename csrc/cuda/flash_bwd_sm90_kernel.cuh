@@ -26,9 +26,10 @@
 #include "flash_fwd_kernel.cuh"
 #include "wgmma.cuh"
 
-// Compile-time variants (`bench/tune/tune_sm90.sh bwd` checks and times them). The defaults are the fastest
-// combination measured on the H200 (bench/results/h200-2026-12-01-5bb34ec): with all three
-// switched the kernel was 4-8% slower at N = 400 .. 62 500, with two of them 0-5%.
+// Compile-time variants (`bench/tune/tune_sm90.sh bwd` checks and times them). The defaults
+// are the fastest combination measured on the H200 (bench/results/h200-2026-12-01-5bb34ec):
+// with all three switched the kernel was 4-8% slower at N = 400 .. 62 500, with two of them
+// 0-5%.
 #ifndef PSA_FA2_BWD90_STAGES
 #define PSA_FA2_BWD90_STAGES 2  // stages of the Q / dO / lse / D stream (2 or 3)
 #endif
@@ -38,14 +39,9 @@
 #ifndef PSA_FA2_BWD90_DQ_CHAINS
 #define PSA_FA2_BWD90_DQ_CHAINS 1  // independent accumulator chains of the dQ MMAs (1 or 2)
 #endif
-// 1: each warpgroup computes dQ over its own 64 keys with wgmma (A = its dS^T from a swizzled
-// tile, B = its K tile) and reduces it into the workspace itself: no CTA barrier before dQ,
-// twice the dQ reductions. Its tests pass, but it was 8-10% slower at every shape on the H200
-// (bench/results/h200-2026-12-01-0a2a437/bwd_dq_wgmma.md); 0 is the mma.sync dQ over the
-// CTA's 128 keys.
-#ifndef PSA_FA2_BWD90_DQ_WGMMA
-#define PSA_FA2_BWD90_DQ_WGMMA 0
-#endif
+// Tried, not kept: dQ on wgmma per warpgroup (A = its dS^T from a swizzled tile, B = its K
+// tile; no CTA barrier before dQ, twice the reductions) passed its tests but was 8-10% slower
+// at every shape on the H200 (bench/results/h200-2026-12-01-0a2a437/bwd_dq_wgmma.md).
 
 namespace psa_fa2 {
 namespace fbwd_sm90 {
@@ -83,12 +79,8 @@ struct Sm90BwdTraits {
   using VTile = TokenTile<kDv>;   // one per warpgroup
   using QTile = TokenTile<kDk>;   // kStages of them
   using DOTile = TokenTile<kDv>;  // kStages of them
-  static constexpr bool kDqWgmma = PSA_FA2_BWD90_DQ_WGMMA;
-  // dS^T [owned key][streamed row]. For the mma.sync dQ: the CTA's 128 keys, padded rows (the
-  // layout the mma.sync kernel's dQ reads). For the wgmma dQ: one swizzled tile of 64 keys per
-  // warpgroup, its A operand (m = streamed rows along the tile's rows: M-major).
+  // dS^T [owned key][streamed row], padded rows: the layout the mma.sync kernel's dQ reads.
   using DSTile = fbwd::Tile<kBlockN, kBlockM, true>;
-  using DSTileSw = ffwd::SmemTile<kKeys, kBlockM>;
 
   static constexpr int kKOffset = 0;
   static constexpr int kVOffset = kKOffset + kWarpgroups * KTile::kBytes;
@@ -96,9 +88,8 @@ struct Sm90BwdTraits {
   static constexpr int kDOOffset = kQOffset + kStages * QTile::kBytes;
   static constexpr int kLseOffset = kDOOffset + kStages * DOTile::kBytes;  // [stage][row] floats
   static constexpr int kDelOffset = kLseOffset + kStages * kBlockM * 4;
-  static constexpr int kDSOffset = (kDelOffset + kStages * kBlockM * 4 + 1023) / 1024 * 1024;
-  static constexpr int kDSBytes = kDqWgmma ? kWarpgroups * DSTileSw::kBytes : DSTile::kElems * 2;
-  static constexpr int kPassBytes = kDSOffset + kDSBytes;
+  static constexpr int kDSOffset = kDelOffset + kStages * kBlockM * 4;
+  static constexpr int kPassBytes = kDSOffset + DSTile::kElems * 2;
   static constexpr int kSmemBytes =
       kPassBytes > int(C::kStageBytes) ? kPassBytes : int(C::kStageBytes);
   static_assert(kVOffset % 1024 == 0 && kQOffset % 1024 == 0 && kDOOffset % 1024 == 0 &&
@@ -111,11 +102,8 @@ struct Sm90BwdTraits {
   using DOForDP = wgmma::OperandB<DOTile, !kCF>;  // dP^T = V dO^T: k = dv,  n = rows
   using DOForDV = wgmma::OperandB<DOTile, kCF>;   // dV += P^T dO:  k = rows, n = dv
   using QForDK = wgmma::OperandB<QTile, kCF>;     // dK += dS^T Q:  k = rows, n = dk
-  using DSForDQ = wgmma::OperandA<DSTileSw, false>;  // dQ = dS K: m = rows, k = keys
-  using KForDQ = wgmma::OperandB<KTile, kCF>;          //            k = keys, n = dk
   static_assert(QForS::kNExtent == kBlockM && DOForDP::kNExtent == kBlockM &&
-                    DOForDV::kNExtent == kDv && QForDK::kNExtent == kDk &&
-                    DSForDQ::kNExtent == kBlockM && KForDQ::kNExtent == kDk,
+                    DOForDV::kNExtent == kDv && QForDK::kNExtent == kDk,
                 "each wgmma reads whole tiles");
 };
 
@@ -131,9 +119,6 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   using QTile = typename Tr::QTile;
   using DOTile = typename Tr::DOTile;
   using DSTile = typename Tr::DSTile;
-  using DSTileSw = typename Tr::DSTileSw;
-  using DSQ = typename Tr::DSForDQ;
-  using KQ = typename Tr::KForDQ;
   using QS = typename Tr::QForS;
   using DOP = typename Tr::DOForDP;
   using DOV = typename Tr::DOForDV;
@@ -167,7 +152,6 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   const float* sLse = reinterpret_cast<const float*>(bwd_sm90_smem + Tr::kLseOffset);
   const float* sDel = reinterpret_cast<const float*>(bwd_sm90_smem + Tr::kDelOffset);
   uint16_t* sDS = reinterpret_cast<uint16_t*>(bwd_sm90_smem + Tr::kDSOffset);
-  const uint32_t sDSw = smem_base + Tr::kDSOffset + wg * DSTileSw::kBytes;  // this warpgroup's
 
   auto head = [&](const Strided4& s) {
     return static_cast<const uint16_t*>(s.ptr) + b * s.stride_b + h * s.stride_h;
@@ -240,8 +224,6 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   const uint64_t do_p_desc = DOP::descriptor(sDO);
   const uint64_t do_v_desc = DOV::descriptor(sDO);
   const uint64_t q_k_desc = QK::descriptor(sQ);
-  const uint64_t ds_q_desc = DSQ::descriptor(sDSw);
-  const uint64_t k_q_desc = KQ::descriptor(sK);
 
   const float scale_log2 = float(p.scale) * fbwd::kLog2e;
   float dk_acc[kDk / 8][4], dv_acc[kDv / 8][4];
@@ -334,14 +316,9 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
       // dS^T rows (keys) x columns (query rows): the fragment's four 8x8 blocks in one
       // stmatrix. Lanes 8i .. 8i+7 address the rows of block i (keys (i % 2) * 8 .., columns
       // kk * 16 + (i / 2) * 8 ..); rows 144 bytes apart put each 16-byte row in its own banks.
+      const int ds_key = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
       const int ds_col = kk * 16 + (lane / 16) * 8;
-      if constexpr (Tr::kDqWgmma) {  // keys of this warpgroup; 16-byte rows are whole chunks
-        const int ds_key = (warp % 4) * 16 + ((lane / 8) % 2) * 8 + lane % 8;
-        stsm_x4(sDSw + 2u * DSTileSw::offset(ds_key, ds_col / 8), df[kk]);
-      } else {  // keys of the CTA
-        const int ds_key = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
-        stsm_x4(ffwd::smem_u32(sDS + DSTile::off(ds_key, ds_col)), df[kk]);
-      }
+      stsm_x4(ffwd::smem_u32(sDS + DSTile::off(ds_key, ds_col)), df[kk]);
     }
 
     // dV += P^T dO and dK += dS^T Q, in flight during dQ below.
@@ -360,104 +337,64 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     }
     wgmma::commit_group();
 
-    if constexpr (Tr::kDqWgmma) {
-      // dQ[str0 .. + 64] += dS K over this warpgroup's 64 keys, once its dS^T stores are
-      // visible to the async proxy (a barrier of this warpgroup's 128 threads).
-      wgmma::fence_proxy_async_shared();
-      if (wg == 0) {  // named barriers 1 and 2 (0 is __syncthreads'); immediates keep it to 3
-        asm volatile("bar.sync 1, 128;\n" ::: "memory");
-      } else {
-        asm volatile("bar.sync 2, 128;\n" ::: "memory");
-      }
-      float dq_acc[kDk / 8][4];
-      wgmma::fence();
+    // Both warpgroups' dS^T are in shared memory.
+    __syncthreads();
+
+    // dQ[str0 .. + 64] += dS K over the CTA's 128 keys: warp w computes the 16 x 16 block
+    // (rows 16 (w / 2), columns 16 (w % 2)), in PSA_FA2_BWD90_DQ_CHAINS chains of MMAs (k16
+    // steps round robin) that are summed at the end, so that fewer of them wait on each other.
+    {
+      static_assert(kBlockM / 16 * (kDk / 16) == Tr::kThreads / 32, "one dQ block per warp");
+      const int mt = warp / (kDk / 16), np = warp % (kDk / 16);
+      const int li = lane / 8, lr = lane % 8;
+      constexpr int kChains = PSA_FA2_BWD90_DQ_CHAINS;
+      static_assert(kChains == 1 || kChains == 2, "one or two chains");
+      float q[kChains][2][4] = {};  // [chain][n8 half][fragment]
 #pragma unroll
-      for (int ks = 0; ks < kKeys / 16; ++ks) {
-        const uint64_t a = ds_q_desc + DSQ::advance(ks * DSQ::kKStepBytes);
-        const uint64_t bd = k_q_desc + KQ::advance(ks * KQ::kKStepBytes);
-        if (ks == 0) {
-          wgmma::mma_m64n32k16_ss<kDtype, false, DSQ::kTranspose, KQ::kTranspose>(dq_acc, a, bd);
+      for (int ks = 0; ks < Tr::kBlockN / 16; ++ks) {
+        // A = dS[row][key] from dS^T[key][row]: transposed load (rows = keys, chunks of rows).
+        uint32_t a[4];
+        {
+          const int jj = ks * 16 + (lane & 7) + ((lane >> 4) << 3);
+          const int ii = mt * 16 + ((lane >> 3) & 1) * 8;
+          ffwd::ldsm_x4_trans(a, ffwd::smem_u32(sDS + DSTile::off(jj, ii)));
+        }
+        // B = K[key][d] (k = keys, n = d) from the owning warpgroup's K tile; b[0], b[1]: keys
+        // lo, hi of d columns np*16 .. +8; b[2], b[3]: of the next 8.
+        const uint32_t tile = sK0 + (ks / (kKeys / 16)) * KTile::kBytes;
+        const int kk = ks % (kKeys / 16);
+        uint32_t bf[4];
+        if constexpr (kCF) {
+          // Stored [d][key] = B^T: plain ldmatrix gives the "col" fragment.
+          const int row = np * 16 + (li / 2) * 8 + lr;
+          const int chunk = kk * 2 + (li % 2);
+          ffwd::ldsm_x4(bf, tile + 2u * KTile::offset(row, chunk));
         } else {
-          wgmma::mma_m64n32k16_ss<kDtype, true, DSQ::kTranspose, KQ::kTranspose>(dq_acc, a, bd);
+          // Stored [key][d] = B: transpose 8 keys x 8 d per block.
+          const int row = kk * 16 + (li % 2) * 8 + lr;
+          const int chunk = np * 2 + (li / 2);
+          ffwd::ldsm_x4_trans(bf, tile + 2u * KTile::offset(row, chunk));
+        }
+        ffwd::mma_16816<kDtype>(q[ks % kChains][0], a, bf[0], bf[1]);
+        ffwd::mma_16816<kDtype>(q[ks % kChains][1], a, bf[2], bf[3]);
+      }
+      if constexpr (kChains == 2) {
+#pragma unroll
+        for (int h8 = 0; h8 < 2; ++h8) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) q[0][h8][e] += q[1][h8][e];
         }
       }
-      wgmma::commit_group();
-      // dV, dK and dQ landed: their A fragments, this stage and the dS^T tile may be reused.
-      wgmma::wait_group<0>();
-      wgmma::pin(dv_acc);
-      wgmma::pin(dk_acc);
-      wgmma::pin(dq_acc);
-      wgmma::pin(pf);
-      wgmma::pin(df);
-      float* row0 = ws + (int64_t(bh) * n_pad + str0 + (warp % 4) * 16) * kDk;
-#pragma unroll
-      for (int half = 0; half < kDk / 16; ++half) {
-        const float block[2][4] = {
-            {dq_acc[2 * half][0], dq_acc[2 * half][1], dq_acc[2 * half][2], dq_acc[2 * half][3]},
-            {dq_acc[2 * half + 1][0], dq_acc[2 * half + 1][1], dq_acc[2 * half + 1][2],
-             dq_acc[2 * half + 1][3]}};
-        fbwd::red_add_dq_block<kDk>(row0, block, half * 16);
-      }
-    } else {
-      // Both warpgroups' dS^T are in shared memory.
-      __syncthreads();
-
-      // dQ[str0 .. + 64] += dS K over the CTA's 128 keys: warp w computes the 16 x 16 block
-      // (rows 16 (w / 2), columns 16 (w % 2)), in PSA_FA2_BWD90_DQ_CHAINS chains of MMAs (k16
-      // steps round robin) that are summed at the end, so that fewer of them wait on each other.
-      {
-        static_assert(kBlockM / 16 * (kDk / 16) == Tr::kThreads / 32, "one dQ block per warp");
-        const int mt = warp / (kDk / 16), np = warp % (kDk / 16);
-        const int li = lane / 8, lr = lane % 8;
-        constexpr int kChains = PSA_FA2_BWD90_DQ_CHAINS;
-        static_assert(kChains == 1 || kChains == 2, "one or two chains");
-        float q[kChains][2][4] = {};  // [chain][n8 half][fragment]
-#pragma unroll
-        for (int ks = 0; ks < Tr::kBlockN / 16; ++ks) {
-          // A = dS[row][key] from dS^T[key][row]: transposed load (rows = keys, chunks of rows).
-          uint32_t a[4];
-          {
-            const int jj = ks * 16 + (lane & 7) + ((lane >> 4) << 3);
-            const int ii = mt * 16 + ((lane >> 3) & 1) * 8;
-            ffwd::ldsm_x4_trans(a, ffwd::smem_u32(sDS + DSTile::off(jj, ii)));
-          }
-          // B = K[key][d] (k = keys, n = d) from the owning warpgroup's K tile; b[0], b[1]: keys
-          // lo, hi of d columns np*16 .. +8; b[2], b[3]: of the next 8.
-          const uint32_t tile = sK0 + (ks / (kKeys / 16)) * KTile::kBytes;
-          const int kk = ks % (kKeys / 16);
-          uint32_t bf[4];
-          if constexpr (kCF) {
-            // Stored [d][key] = B^T: plain ldmatrix gives the "col" fragment.
-            const int row = np * 16 + (li / 2) * 8 + lr;
-            const int chunk = kk * 2 + (li % 2);
-            ffwd::ldsm_x4(bf, tile + 2u * KTile::offset(row, chunk));
-          } else {
-            // Stored [key][d] = B: transpose 8 keys x 8 d per block.
-            const int row = kk * 16 + (li % 2) * 8 + lr;
-            const int chunk = np * 2 + (li / 2);
-            ffwd::ldsm_x4_trans(bf, tile + 2u * KTile::offset(row, chunk));
-          }
-          ffwd::mma_16816<kDtype>(q[ks % kChains][0], a, bf[0], bf[1]);
-          ffwd::mma_16816<kDtype>(q[ks % kChains][1], a, bf[2], bf[3]);
-        }
-        if constexpr (kChains == 2) {
-#pragma unroll
-          for (int h8 = 0; h8 < 2; ++h8) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) q[0][h8][e] += q[1][h8][e];
-          }
-        }
-        fbwd::red_add_dq_block<kDk>(ws + (int64_t(bh) * n_pad + str0 + mt * 16) * kDk, q[0],
-                                    np * 16);
-      }
-
-      // dV and dK landed: their A fragments and this stage may be reused.
-      wgmma::wait_group<0>();
-      wgmma::pin(dv_acc);
-      wgmma::pin(dk_acc);
-      wgmma::pin(pf);
-      wgmma::pin(df);
+      fbwd::red_add_dq_block<kDk>(ws + (int64_t(bh) * n_pad + str0 + mt * 16) * kDk, q[0],
+                                  np * 16);
     }
+
+    // dV and dK landed: their A fragments and this stage may be reused.
+    wgmma::wait_group<0>();
+    wgmma::pin(dv_acc);
+    wgmma::pin(dk_acc);
+    wgmma::pin(pf);
+    wgmma::pin(df);
   };
 
   const bool own_tail = own0 + Tr::kBlockN > n;

@@ -1,9 +1,9 @@
 // Hopper warpgroup MMA (wgmma, sm_90a only) and the shared-memory operand layout it reads.
 //
 // Only what the Hopper kernels (flash_fwd_sm90_kernel.cuh, flash_bwd_sm90_kernel.cuh) need:
-// D(64 x n, fp32) += A(64 x 16, registers) x B(16 x n, shared memory) for n = 64 and 32, and
-// for n = 32 also with A from shared memory, bf16 / fp16, issued asynchronously by the 4 warps
-// of a warpgroup. Callers must only instantiate these on sm_90a (__CUDA_ARCH_FEAT_SM90_ALL).
+// D(64 x n, fp32) += A(64 x 16, registers) x B(16 x n, shared memory) for n = 64 and 32, bf16 /
+// fp16, issued asynchronously by the 4 warps of a warpgroup. Callers must only instantiate
+// these on sm_90a (__CUDA_ARCH_FEAT_SM90_ALL).
 //
 // Register fragments are those of mma.sync m16n8k16, one 16-row block per warp of the
 // warpgroup (warp w owns rows 16w .. 16w + 15; g = lane / 4, t = lane % 4):
@@ -62,11 +62,6 @@ struct OperandB {
   // a swizzle atom the hardware applies the XOR to the addresses it forms.
   __host__ __device__ static constexpr uint64_t advance(uint32_t bytes) { return bytes >> 4; }
 };
-
-// A read from shared memory has the same descriptor form, with m in place of n: kNExtent is
-// then the m extent (64), and kColsAreK = false is the M-major (transposed) form.
-template <class Tile, bool kColsAreK>
-using OperandA = OperandB<Tile, kColsAreK>;
 
 // ---------------------------------------------------------------------------------------------
 // PTX wrappers
@@ -174,28 +169,6 @@ __device__ __forceinline__ void mma_m64n32k16(float (&d)[4][4], const uint32_t (
         : PSA_FA2_WGMMA_D16_OPERANDS(d)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(int(kAccumulate)),
           "n"(kTransposeB));
-  }
-}
-
-// D (64 x 32, fp32) = A B + (kAccumulate ? D : 0), A and B from shared memory (descriptors a
-// and b, kTransposeA / kTransposeB as OperandA / OperandB::kTranspose).
-template <DType kDtype, bool kAccumulate, int kTransposeA, int kTransposeB>
-__device__ __forceinline__ void mma_m64n32k16_ss(float (&d)[4][4], uint64_t a, uint64_t b) {
-  static_assert(kDtype == DType::kBFloat16 || kDtype == DType::kFloat16, "16-bit inputs");
-  if constexpr (kDtype == DType::kBFloat16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 " PSA_FA2_WGMMA_D16
-        ", %16, %17, p, 1, 1, %19, %20;\n}\n"
-        : PSA_FA2_WGMMA_D16_OPERANDS(d)
-        : "l"(a), "l"(b), "n"(int(kAccumulate)), "n"(kTransposeA), "n"(kTransposeB));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 " PSA_FA2_WGMMA_D16
-        ", %16, %17, p, 1, 1, %19, %20;\n}\n"
-        : PSA_FA2_WGMMA_D16_OPERANDS(d)
-        : "l"(a), "l"(b), "n"(int(kAccumulate)), "n"(kTransposeA), "n"(kTransposeB));
   }
 }
 
