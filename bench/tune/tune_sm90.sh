@@ -17,9 +17,9 @@ if [ "$kernel" = fwd ]; then
   variants=(
     [default]=""
     [checked_max]="-DPSA_FA2_SM90_FWD_CHECKED_MAX=1"
-    [min_blocks4]="-DPSA_FA2_SM90_MIN_BLOCKS=4"
   )
-  order="default checked_max min_blocks4"
+  # (Timing-only variants of the forward, without torch: bench/tune/tune_fwd.sh sm90.)
+  order="default checked_max"
   tests="test_forward_fast and not fp32 and not tf32"
   timing="bench/fwd_kernels.py"
 elif [ "$kernel" = bwd ]; then
