@@ -19,17 +19,22 @@
 // at B,H,N = 1,2,62500 and 17% slower at 8,4,6400; with a token passed around them so that
 // one at a time runs its exponentials (MUFU contention looked like the limit), 15-44% slower.
 //
-// The running row max moves only when it grows by more than 2^8 (mma_softmax::kLazyMaxSlack),
-// and O is rescaled only when some row of the warp moved, which most tiles of a long row skip.
-// PSA_FA2_SM90_FWD_CHECKED_MAX=1 (compile-time, off by default: it has not run on a GPU yet)
-// goes one step further: past the first tile it does not take the max at all. It
-// exponentiates against the reference it has, and only when a probability of a stored row
-// comes out above 2^8 (after the bf16 / fp16 rounding; inf and NaN included) does the
-// warpgroup recompute S for that tile and take the lazy-max path. The decision is taken by
-// the barrier of the next step (__syncthreads_or), because the recomputation is a wgmma and
-// so must be taken by all four warps together. That drops the max tree, its shuffles and the
-// alpha exponentials from the common step (about 40 of its 270 instructions per warp, 2 of
-// its 34 MUFU ops) and gives the same probabilities as taking the lazy max every tile.
+// The softmax checks its max instead of taking it. The running row max moves only when it
+// grows by more than 2^8 (mma_softmax::kLazyMaxSlack), which most tiles of a long row never
+// make it do; so past the first tile the kernel exponentiates against the reference max it
+// has, and only when a probability of a stored row comes out above 2^8 (after the bf16 / fp16
+// rounding; inf and NaN included) does the warpgroup recompute S for that tile and take the
+// lazy-max path (new max, rescaled O). The decision is taken by the barrier of the next step
+// (__syncthreads_or), because the recomputation is a wgmma and so must be taken by all four
+// warps together. That drops the max tree, its shuffles, the alpha exponentials and the
+// rescale vote from the common step (about 40 of its 270 instructions per warp, 2 of its 34
+// MUFU ops) and gives the same probabilities as taking the lazy max every tile. Measured on
+// the H200 (bf16, channel-first, bench/fwd_kernels.py) against taking the lazy max every
+// tile: 4160 against 4463 us at B,H,N = 1,2,62500, 634 against 653 us at 8,4,6400.
+// Tried, not kept: the row sums of P on the tensor cores (8 rows of ones after each V tile,
+// O += P V as a wgmma n72), which drops the 32 FADDs per thread and tile; ptxas then moved
+// P into the A registers after the wait (16 moves) and the stage addressing to the vector
+// pipes, and it measured 3.6% slower at 1,2,62500 (4314 against 4162 us).
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
@@ -57,11 +62,6 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static constexpr int kSubTiles = 1;
 #endif
   static constexpr int kBlockN = kTileN * kSubTiles;  // keys per step
-#if defined(PSA_FA2_SM90_FWD_CHECKED_MAX)
-  static constexpr bool kCheckedMax = PSA_FA2_SM90_FWD_CHECKED_MAX;
-#else
-  static constexpr bool kCheckedMax = false;
-#endif
   using QTile = typename Base::QTile;
   using OTile = typename Base::OTile;
   using KTile = std::conditional_t<kCF, SmemTile<kDk, kTileN>, SmemTile<kTileN, kDk>>;
@@ -86,16 +86,15 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   using VOperand = wgmma::OperandB<VTile, kCF>;
   static_assert(KOperand::kNExtent == kTileN && VOperand::kNExtent == kDv,
                 "each wgmma reads whole tiles: n = 64 keys for S, n = dv for O");
-  // Resident CTAs per SM (__launch_bounds__): 3 (<= 168 registers) leave ptxas room; it uses
-  // about 128, so 4 CTAs fit. The checked max needs 4 (<= 128) to get them: left at 3 ptxas
-  // spends about 133, which is 3 CTAs per SM; at 4 it uses 118-126, no spills. The 2-byte
-  // loads of odd N (32 in flight) and two tiles per step need 2 to stay free of spills.
+  // Resident CTAs per SM (__launch_bounds__): 4 (<= 128 registers; left at 3, ptxas spends
+  // about 133, which is 3 CTAs per SM; at 4 it uses 118-126, no spills). The 2-byte loads of
+  // odd N (32 in flight) and two tiles per step need 2 to stay free of spills.
   // PSA_FA2_SM90_MIN_BLOCKS overrides it (experiments).
 #if defined(PSA_FA2_SM90_MIN_BLOCKS)
   static constexpr int kMinBlocks = PSA_FA2_SM90_MIN_BLOCKS;
 #else
   static constexpr int kMinBlocks =
-      kSubTiles == 1 && kVecBytes != 2 ? (kCheckedMax ? 4 : 3) : 2;
+      kSubTiles == 1 && kVecBytes != 2 ? 4 : 2;
 #endif
 };
 
@@ -118,7 +117,6 @@ __global__ void __launch_bounds__(kThreads,
   constexpr int kSTiles = kBlockN / 8;   // n8 blocks of S per warp
   constexpr int kPVSteps = kBlockN / 16; // k16 steps of O += P V
   constexpr int kOTiles = kDv / 8;       // n8 blocks of O per warp
-  constexpr bool kCheckedMax = Tr::kCheckedMax;
 
   // Named apart from the mma.sync kernel's (128-byte aligned) array, with which it may share a
   // translation unit (bench/tune/tune_fwd.cu).
@@ -165,13 +163,6 @@ __global__ void __launch_bounds__(kThreads,
   };
   auto copy_v = [&](int j) {
     copy_tiles(src.v_copier, sV + (j & 1) * Tr::kVStageBytes, VTile::kBytes, src.v, src.v_rs, j);
-  };
-  // Every wgmma reads what other threads copied: their copies must have landed (cp.async
-  // wait), be made visible to the async proxy, and be published by a barrier.
-  auto publish_copies = [] {
-    cp_async_wait<0>();
-    wgmma::fence_proxy_async_shared();
-    __syncthreads();
   };
 
   // Prologue: Q and K tile 0 first; K tile 1 and V tile 0 arrive while S_0 is computed.
@@ -224,7 +215,7 @@ __global__ void __launch_bounds__(kThreads,
 #pragma unroll
     for (int kk = 0; kk < kPVSteps; ++kk) pack_a_fragment<kDtype>(pf[kk], s, kk);
   };
-  // kCheckedMax: whether a packed probability of this thread's stored rows (rows past N, whose
+  // Whether a packed probability of this thread's stored rows (rows past N, whose
   // Q may be anything, do not count) is above 2^kLazyMaxSlack, inf or NaN. A tree of 16-bit
   // maxima over the bit patterns, which order like the values (all are >= +0). pf[kk][0] and
   // pf[kk][2] hold row g, pf[kk][1] and pf[kk][3] row g + 8.
@@ -263,8 +254,8 @@ __global__ void __launch_bounds__(kThreads,
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
   float alpha[2];
-  // kCheckedMax: the exponentials' offsets (-(the rows' reference max)), the row sums of the
-  // last tile and whether that tile must be redone, which the next barrier settles.
+  // The exponentials' offsets (-(the rows' reference max)), this lane's row sums of the last
+  // tile and whether that tile must be redone, which the next barrier settles.
   float neg_m[2];
   float sums[2] = {0.f, 0.f};
   bool above = false;
@@ -277,16 +268,16 @@ __global__ void __launch_bounds__(kThreads,
   mma_softmax::softmax_probabilities(s, row_max, row_sum, scale_log2, alpha);  // o is still 0
 
   uint32_t pf[kPVSteps][4];
-  // The reference max of the checked max: the first tile's. Its steps pack P as they finish.
+  // The reference max: the first tile's. The steps pack P as they finish.
   auto set_offsets = [&] {
 #pragma unroll
     for (int r = 0; r < 2; ++r) neg_m[r] = row_max[r] == -INFINITY ? 0.f : -row_max[r];
   };
-  if constexpr (kCheckedMax) {
-    set_offsets();
-    pack_p(s, pf);
-  }
-  // kCheckedMax: the copies' barrier also decides, for the whole warpgroup (the wgmmas are
+  set_offsets();
+  pack_p(s, pf);
+  // Every wgmma reads what other threads copied: the copies in flight (K tile i + 1, V tile i)
+  // must have landed (cp.async wait), be made visible to the async proxy and be published by a
+  // barrier. That barrier also decides, for the whole warpgroup (the wgmmas are
   // warpgroup-wide), whether tile i (the last one exponentiated) must be redone: then S_i again
   // (K_i is still in its stage: the copies that refill it come after this), the lazy-max path
   // and O (which holds the products of the tiles before i) rescaled. Else its sums count.
@@ -314,16 +305,11 @@ __global__ void __launch_bounds__(kThreads,
     constexpr bool kLast = decltype(is_last)::value;
     // K tile j and V tile j-1 landed; every thread is past tile j-1's products, so K stage
     // (j+1) % 2 and V stage j % 2 may be refilled.
-    if constexpr (kCheckedMax) {
-      settle_tile(j - 1, std::false_type{});
-    } else {
-      publish_copies();
-    }
+    settle_tile(j - 1, std::false_type{});
     if constexpr (!kLast) copy_k(j + 1);
     copy_v(j);
     cp_async_commit();
 
-    if constexpr (!kCheckedMax) pack_p(s, pf);
     wgmma::pin(o);
     wgmma::fence();
     issue_s(s, j);
@@ -332,34 +318,18 @@ __global__ void __launch_bounds__(kThreads,
     wgmma::wait_group<1>();
     wgmma::pin(s);
     if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
-    if constexpr (kCheckedMax) {
-      mma_softmax::exponentiate(s, neg_m, scale_log2, sums);
-      wgmma::wait_group<0>();  // P_{j-1} V_{j-1} is done with pf
-      wgmma::pin(o);
-      wgmma::pin(pf);
-      pack_p(s, pf);
-      above = above_slack(pf);
-    } else {
-      mma_softmax::softmax_probabilities<kSTiles, true>(s, row_max, row_sum, scale_log2, alpha);
-      wgmma::wait_group<0>();
-      wgmma::pin(o);
-      wgmma::pin(pf);
-      // With the lazy max most tiles of a long row leave every row of the warp unscaled.
-      if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
-        mma_softmax::rescale_rows(o, alpha);
-      }
-    }
+    mma_softmax::exponentiate(s, neg_m, scale_log2, sums);
+    wgmma::wait_group<0>();  // P_{j-1} V_{j-1} is done with pf
+    wgmma::pin(o);
+    wgmma::pin(pf);
+    pack_p(s, pf);
+    above = above_slack(pf);
   };
   for (int j = 1; j + 1 < n_tiles; ++j) tile_step(j, std::false_type{});
   if (n_tiles > 1) tile_step(n_tiles - 1, std::true_type{});
 
   // The last tile's P V.
-  if constexpr (kCheckedMax) {
-    settle_tile(n_tiles - 1, std::true_type{});
-  } else {
-    publish_copies();
-    pack_p(s, pf);
-  }
+  settle_tile(n_tiles - 1, std::true_type{});
   wgmma::pin(o);
   wgmma::fence();
   issue_pv(o, pf, n_tiles - 1);
