@@ -18,11 +18,11 @@ elif [ "$kernel" = sm90 ]; then
   arch=90a
   variants=(
     [default]=""
-    [min_blocks4]="-DPSA_FA2_SM90_MIN_BLOCKS=4"
+    [min_blocks3]="-DPSA_FA2_SM90_MIN_BLOCKS=3"
     [min_blocks2]="-DPSA_FA2_SM90_MIN_BLOCKS=2"
     [sub_tiles2]="-DPSA_FA2_SM90_SUB_TILES=2"
   )
-  order="default min_blocks4 min_blocks2 sub_tiles2"
+  order="default min_blocks3 min_blocks2 sub_tiles2"
 else
   variants=(
     [default]=""
