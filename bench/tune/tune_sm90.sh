@@ -16,10 +16,9 @@ declare -A variants
 if [ "$kernel" = fwd ]; then
   variants=(
     [default]=""
-    [s_ahead]="-DPSA_FA2_SM90_FWD_S_AHEAD=1"
   )
   # (Timing-only variants of the forward, without torch: bench/tune/tune_fwd.sh sm90.)
-  order="default s_ahead"
+  order="default"
   tests="test_forward_fast and not fp32 and not tf32"
   timing="bench/fwd_kernels.py"
 elif [ "$kernel" = bwd ]; then

@@ -18,6 +18,10 @@
 // Tried on the H200, not kept: four such warpgroups per CTA (one CTA per SM) ran 1.3% faster
 // at B,H,N = 1,2,62500 and 17% slower at 8,4,6400; with a token passed around them so that
 // one at a time runs its exponentials (MUFU contention looked like the limit), 15-44% slower.
+// Issuing S_{j+1} before the softmax of S_j (a second S accumulator, the loop unrolled by
+// two, K three tiles deep) needs 200 registers: at 168 (3 CTAs per SM) ptxas serializes the
+// wgmmas for want of registers, and at 2 CTAs per SM it ran 20-43% slower (5009 against
+// about 4160 us at 1,2,62500, 878 against 634 at 8,4,6400).
 //
 // The softmax checks its max instead of taking it. The running row max moves only when it
 // grows by more than 2^8 (mma_softmax::kLazyMaxSlack), which most tiles of a long row never
@@ -62,29 +66,17 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static constexpr int kSubTiles = 1;
 #endif
   static constexpr int kBlockN = kTileN * kSubTiles;  // keys per step
-  // PSA_FA2_SM90_FWD_S_AHEAD=1 (compile-time experiment, one tile per step only): S_{j+1} is
-  // issued before the softmax of S_j, so that its latency hides behind this warpgroup's own
-  // exponentials instead of only behind the other CTAs'. That takes a second S accumulator
-  // (the two swap roles every step: the loop is unrolled by two) and K tiles two steps
-  // ahead (3 K stages).
-#if defined(PSA_FA2_SM90_FWD_S_AHEAD)
-  static constexpr bool kSAhead = PSA_FA2_SM90_FWD_S_AHEAD;
-#else
-  static constexpr bool kSAhead = false;
-#endif
-  static_assert(!kSAhead || kSubTiles == 1, "S ahead: one 64-key tile per step");
-  static constexpr int kKStages = kSAhead ? 3 : 2;
   using QTile = typename Base::QTile;
   using OTile = typename Base::OTile;
   using KTile = std::conditional_t<kCF, SmemTile<kDk, kTileN>, SmemTile<kTileN, kDk>>;
   using VTile = std::conditional_t<kCF, SmemTile<kDv, kTileN>, SmemTile<kTileN, kDv>>;
-  // Layout: Q | K stages 0 .. kKStages-1 | V stage 0 | V stage 1, a stage being kSubTiles
-  // tiles; the output staging tile reuses the K/V stages.
+  // Layout: Q | K stage 0 | K stage 1 | V stage 0 | V stage 1, a stage being kSubTiles tiles;
+  // the output staging tile reuses the K/V stages.
   static constexpr int kKStageBytes = kSubTiles * KTile::kBytes;
   static constexpr int kVStageBytes = kSubTiles * VTile::kBytes;
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = QTile::kBytes;
-  static constexpr int kVOffset = kKOffset + kKStages * kKStageBytes;
+  static constexpr int kVOffset = kKOffset + 2 * kKStageBytes;
   static constexpr int kOOffset = kKOffset;
   static constexpr int kSmemBytes = kVOffset + 2 * kVStageBytes;
   static_assert(OTile::kBytes <= 2 * (kKStageBytes + kVStageBytes), "staging fits");
@@ -101,13 +93,12 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   // Resident CTAs per SM (__launch_bounds__): 4 (<= 128 registers; left at 3, ptxas spends
   // about 133, which is 3 CTAs per SM; at 4 it uses 118-126, no spills). The 2-byte loads of
   // odd N (32 in flight) and two tiles per step need 2 to stay free of spills.
-  // S ahead needs 2: at 3 (<= 168 registers) ptxas serializes the wgmmas for want of
-  // registers (C7512); at 2 it uses 200. PSA_FA2_SM90_MIN_BLOCKS overrides it.
+  // PSA_FA2_SM90_MIN_BLOCKS overrides it (experiments).
 #if defined(PSA_FA2_SM90_MIN_BLOCKS)
   static constexpr int kMinBlocks = PSA_FA2_SM90_MIN_BLOCKS;
 #else
   static constexpr int kMinBlocks =
-      kSubTiles == 1 && kVecBytes != 2 && !kSAhead ? 4 : 2;
+      kSubTiles == 1 && kVecBytes != 2 ? 4 : 2;
 #endif
 };
 
@@ -171,30 +162,21 @@ __global__ void __launch_bounds__(kThreads,
       }
     }
   };
-  // K tile j's stage (byte offset from sK).
-  auto k_stage = [](int j) -> uint32_t {
-    return (Tr::kKStages == 2 ? (j & 1) : j % Tr::kKStages) * Tr::kKStageBytes;
-  };
   auto copy_k = [&](int j) {
-    copy_tiles(src.k_copier, sK + k_stage(j), KTile::kBytes, src.k, src.k_rs, j);
+    copy_tiles(src.k_copier, sK + (j & 1) * Tr::kKStageBytes, KTile::kBytes, src.k, src.k_rs, j);
   };
   auto copy_v = [&](int j) {
     copy_tiles(src.v_copier, sV + (j & 1) * Tr::kVStageBytes, VTile::kBytes, src.v, src.v_rs, j);
   };
 
-  // Prologue: Q and K tile 0 first; K tile 1 and V tile 0 arrive while S_0 is computed (S
-  // ahead: K tile 1, then K tile 2 and V tile 0).
+  // Prologue: Q and K tile 0 first; K tile 1 and V tile 0 arrive while S_0 is computed.
   src.q_copier.copy(sQ, src.q_at(m0), N - m0);
   copy_k(0);
   cp_async_commit();
   if (n_tiles > 1) copy_k(1);
-  if constexpr (Tr::kSAhead) {
-    cp_async_commit();
-    if (n_tiles > 2) copy_k(2);
-  }
   copy_v(0);
   cp_async_commit();
-  cp_async_wait<Tr::kSAhead ? 2 : 1>();
+  cp_async_wait<1>();
   wgmma::fence_proxy_async_shared();
   __syncthreads();
 
@@ -208,7 +190,7 @@ __global__ void __launch_bounds__(kThreads,
   auto issue_s = [&](float (&s)[kSTiles][4], int j) {
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
-      const uint64_t desc = k_desc + KOp::advance(k_stage(j) + u * KTile::kBytes);
+      const uint64_t desc = k_desc + KOp::advance((j & 1) * Tr::kKStageBytes + u * KTile::kBytes);
       auto& su = *reinterpret_cast<float(*)[kTileN / 8][4]>(&s[u * kTileN / 8]);
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
@@ -303,10 +285,7 @@ __global__ void __launch_bounds__(kThreads,
   // warpgroup-wide), whether tile i (the last one exponentiated) must be redone: then S_i again
   // (K_i is still in its stage: the copies that refill it come after this), the lazy-max path
   // and O (which holds the products of the tiles before i) rescaled. Else its sums count.
-  // The recomputation goes to `scratch` (S ahead: the accumulator not holding S_{i+1}).
-  // (Array parameters are `auto&`: cicc of CUDA 13.0 crashes on a lambda taking a generic
-  // parameter and a reference to a float array.)
-  auto settle_tile = [&](int i, auto is_last, auto& scratch) {
+  auto settle_tile = [&](int i, auto is_last) {
     cp_async_wait<0>();
     wgmma::fence_proxy_async_shared();
     if (!__syncthreads_or(above)) {
@@ -315,17 +294,14 @@ __global__ void __launch_bounds__(kThreads,
       return;
     }
     wgmma::fence();
-    issue_s(scratch, i);
+    issue_s(s, i);
     wgmma::wait_group<0>();
-    wgmma::pin(scratch);
-    if constexpr (decltype(is_last)::value) {
-      mma_softmax::mask_keys_past(scratch, i * kBlockN, N, t);
-    }
-    mma_softmax::softmax_probabilities<kSTiles, true>(scratch, row_max, row_sum, scale_log2,
-                                                      alpha);
+    wgmma::pin(s);
+    if constexpr (decltype(is_last)::value) mma_softmax::mask_keys_past(s, i * kBlockN, N, t);
+    mma_softmax::softmax_probabilities<kSTiles, true>(s, row_max, row_sum, scale_log2, alpha);
     set_offsets();
     mma_softmax::rescale_rows(o, alpha);
-    pack_p(scratch, pf);
+    pack_p(s, pf);
   };
   // Tile j >= 1. Only the last tile can be partial; the others take no branch between issue and
   // wait, which ptxas would otherwise answer by waiting for every product at the branch.
@@ -333,7 +309,7 @@ __global__ void __launch_bounds__(kThreads,
     constexpr bool kLast = decltype(is_last)::value;
     // K tile j and V tile j-1 landed; every thread is past tile j-1's products, so K stage
     // (j+1) % 2 and V stage j % 2 may be refilled.
-    settle_tile(j - 1, std::false_type{}, s);
+    settle_tile(j - 1, std::false_type{});
     if constexpr (!kLast) copy_k(j + 1);
     copy_v(j);
     cp_async_commit();
@@ -353,62 +329,11 @@ __global__ void __launch_bounds__(kThreads,
     pack_p(s, pf);
     above = above_slack(pf);
   };
-  // S ahead: step j finds S_j issued into `cur` (and K tile j + 1 landed at its barrier),
-  // issues S_{j+1} into `next` (kHasNext) before the softmax of S_j, and copies K tile j + 2.
-  auto tile_step_ahead = [&](int j, auto has_next, auto& cur, auto& next) {
-    constexpr bool kHasNext = decltype(has_next)::value;
-    constexpr bool kLast = !kHasNext;
-    settle_tile(j - 1, std::false_type{}, next);
-    if (kHasNext && j + 2 < n_tiles) copy_k(j + 2);
-    copy_v(j);
-    cp_async_commit();
-
-    wgmma::pin(o);
-    wgmma::pin(cur);
-    wgmma::fence();
-    if constexpr (kHasNext) issue_s(next, j + 1);
-    issue_pv(o, pf, j - 1);
-    // S_j landed; S_{j+1} and P_{j-1} V_{j-1} may still be in flight.
-    wgmma::wait_group<kHasNext ? 2 : 1>();
-    wgmma::pin(cur);
-    if constexpr (kLast) mma_softmax::mask_keys_past(cur, j * kBlockN, N, t);
-    mma_softmax::exponentiate(cur, neg_m, scale_log2, sums);
-    wgmma::wait_group<0>();  // P_{j-1} V_{j-1} is done with pf
-    wgmma::pin(o);
-    wgmma::pin(pf);
-    if constexpr (kHasNext) wgmma::pin(next);
-    pack_p(cur, pf);
-    above = above_slack(pf);
-  };
-  if constexpr (Tr::kSAhead) {
-    float s2[kSTiles][4];
-    if (n_tiles > 1) {
-      // K tile 1 landed (its own copy group); S_1 goes into s2.
-      cp_async_wait<1>();
-      wgmma::fence_proxy_async_shared();
-      __syncthreads();
-      wgmma::fence();
-      issue_s(s2, 1);
-    }
-    // Odd steps take S from s2 and issue into s, even ones the other way round.
-    int j = 1;
-    for (; j + 2 < n_tiles; j += 2) {
-      tile_step_ahead(j, std::true_type{}, s2, s);
-      tile_step_ahead(j + 1, std::true_type{}, s, s2);
-    }
-    if (j + 1 < n_tiles) {
-      tile_step_ahead(j, std::true_type{}, s2, s);
-      tile_step_ahead(j + 1, std::false_type{}, s, s2);
-    } else if (j < n_tiles) {
-      tile_step_ahead(j, std::false_type{}, s2, s);
-    }
-  } else {
-    for (int j = 1; j + 1 < n_tiles; ++j) tile_step(j, std::false_type{});
-    if (n_tiles > 1) tile_step(n_tiles - 1, std::true_type{});
-  }
+  for (int j = 1; j + 1 < n_tiles; ++j) tile_step(j, std::false_type{});
+  if (n_tiles > 1) tile_step(n_tiles - 1, std::true_type{});
 
   // The last tile's P V.
-  settle_tile(n_tiles - 1, std::true_type{}, s);
+  settle_tile(n_tiles - 1, std::true_type{});
   wgmma::pin(o);
   wgmma::fence();
   issue_pv(o, pf, n_tiles - 1);
