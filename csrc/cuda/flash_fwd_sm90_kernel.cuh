@@ -9,12 +9,12 @@
 // transposed (MN-major), token-major K and channel-first V as they are (K-major).
 //
 // Per key tile j the warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for
-// the first, starts the softmax of S_j and waits for the second before rescaling O. ptxas
-// places that second wait early in the softmax (after the first row max; it does not model
-// what the wait costs, and neither a dependency on the softmax's end nor a shared-memory store
-// kept it later), so the overlap of one CTA's softmax with its own P V is small; the kernel
-// relies on its 3-4 CTAs per SM (116-136 registers, 28 KB of shared memory) to overlap one
-// CTA's softmax with the others' MMAs.
+// the first, exponentiates S_j and waits for the second before packing P_j into the registers
+// that product reads. ptxas places that second wait early among the exponentials (it does not
+// model what the wait costs, and neither a dependency on the softmax's end nor a shared-memory
+// store kept it later), so the overlap of one CTA's softmax with its own P V is small; the
+// kernel relies on its 4 CTAs per SM (118-126 registers, 28 KB of shared memory; 2 CTAs at the
+// 2-byte copies of odd N) to overlap one CTA's softmax with the others' MMAs.
 // Tried on the H200, not kept: four such warpgroups per CTA (one CTA per SM) ran 1.3% faster
 // at B,H,N = 1,2,62500 and 17% slower at 8,4,6400; with a token passed around them so that
 // one at a time runs its exponentials (MUFU contention looked like the limit), 15-44% slower.
@@ -219,10 +219,10 @@ __global__ void __launch_bounds__(kThreads,
 #pragma unroll
     for (int kk = 0; kk < kPVSteps; ++kk) pack_a_fragment<kDtype>(pf[kk], s, kk);
   };
-  // Whether a packed probability of this thread's stored rows (rows past N, whose
-  // Q may be anything, do not count) is above 2^kLazyMaxSlack, inf or NaN. A tree of 16-bit
-  // maxima over the bit patterns, which order like the values (all are >= +0). pf[kk][0] and
-  // pf[kk][2] hold row g, pf[kk][1] and pf[kk][3] row g + 8.
+  // Whether a packed probability of this thread's stored rows (rows past N, whose Q may be
+  // anything, do not count) is above 2^kLazyMaxSlack, inf or NaN. A tree of 16-bit maxima over
+  // the bit patterns, which order like the values (all are >= +0). pf[kk][0] and pf[kk][2]
+  // hold row g, pf[kk][1] and pf[kk][3] row g + 8.
   const bool row_g_stored = m0 + warp * 16 + lane / 4 < N;
   const bool row_g8_stored = m0 + warp * 16 + lane / 4 + 8 < N;
   auto above_slack = [&](const uint32_t (&pf)[kPVSteps][4]) {
