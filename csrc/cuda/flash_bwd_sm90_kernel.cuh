@@ -14,7 +14,10 @@
 // and writes dS^T to shared memory. While dV and dK are in flight the CTA's 8 warps compute
 // dQ (64 rows x dk) = dS K over all 128 keys with mma.sync (dS is read transposed, which
 // ldmatrix.trans does and a register-A wgmma cannot) and add it to the fp32 dQ workspace with
-// vector reductions, as the mma.sync kernel does. The preprocess (D, workspace zeroing), the
+// vector reductions, as the mma.sync kernel does. The K operand of dQ is the same every step,
+// so each warp keeps its fragments (32 registers) from the prologue on: the kernel runs one CTA
+// per SM either way, and that took 8 of the 16 ldmatrix and their latency off each step's dQ
+// (H200, bf16: 1789 against 2001 us at B,H,N = 8,4,6400, 11091 against 12157 at 1,2,62500). The preprocess (D, workspace zeroing), the
 // dQ conversion and the dK / dV epilogue are that kernel's.
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
@@ -42,6 +45,14 @@
 // Tried, not kept: dQ on wgmma per warpgroup (A = its dS^T from a swizzled tile, B = its K
 // tile; no CTA barrier before dQ, twice the reductions) passed its tests but was 8-10% slower
 // at every shape on the H200 (bench/results/h200-2026-12-01-0a2a437/bwd_dq_wgmma.md).
+// Also tried, each correct and slower at B,H,N = 8,4,6400 (bench/results/h200-2026-12-01-bwdkq/
+// bwd_variants.md): one warpgroup of 64 keys per CTA and two CTAs per SM, so that independent
+// CTAs interleave their phases (2041 against 2001 us; three CTAs per SM at 168 registers: 2096);
+// and a software-pipelined step (the next step's S^T and dP^T issued with this step's dV and
+// dK, before its dQ; one barrier per step, three stages, dS^T double-buffered): 2190 us, as
+// ptxas places the dP^T and dV / dK waits right after the S^T one, so the exponentials wait for
+// every product anyway. Issuing the next scores after dV / dK instead, with them in flight
+// across the loop's back edge, made ptxas serialize every wgmma (C7515).
 
 namespace psa_fa2 {
 namespace fbwd_sm90 {
@@ -219,6 +230,30 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   uint32_t vf[kDv / 16][4];
   ffwd::load_a_fragments<KTile, kCF>(kf, sK, warp % 4, lane);
   ffwd::load_a_fragments<VTile, kCF>(vf, sV, warp % 4, lane);
+  // B fragments of dQ = dS K for this warp's 16 dQ columns (np = warp % 2) over the CTA's 128
+  // keys, k16 step ks: the same every step, so loaded once. kq[ks][0], [1]: keys lo, hi of
+  // columns 16 np .. + 8; [2], [3]: of the next 8.
+  uint32_t kq[Tr::kBlockN / 16][4];
+  {
+    const int np = warp % (kDk / 16);
+    const int li = lane / 8, lr = lane % 8;
+#pragma unroll
+    for (int ks = 0; ks < Tr::kBlockN / 16; ++ks) {
+      const uint32_t tile = sK0 + (ks / (kKeys / 16)) * KTile::kBytes;  // the owner's K tile
+      const int kk = ks % (kKeys / 16);
+      if constexpr (kCF) {
+        // Stored [d][key] = B^T: plain ldmatrix gives the "col" fragment.
+        const int row = np * 16 + (li / 2) * 8 + lr;
+        const int chunk = kk * 2 + (li % 2);
+        ffwd::ldsm_x4(kq[ks], tile + 2u * KTile::offset(row, chunk));
+      } else {
+        // Stored [key][d] = B: transpose 8 keys x 8 d per block.
+        const int row = kk * 16 + (li % 2) * 8 + lr;
+        const int chunk = np * 2 + (li / 2);
+        ffwd::ldsm_x4_trans(kq[ks], tile + 2u * KTile::offset(row, chunk));
+      }
+    }
+  }
 
   const uint64_t q_s_desc = QS::descriptor(sQ);
   const uint64_t do_p_desc = DOP::descriptor(sDO);
@@ -346,7 +381,6 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     {
       static_assert(kBlockM / 16 * (kDk / 16) == Tr::kThreads / 32, "one dQ block per warp");
       const int mt = warp / (kDk / 16), np = warp % (kDk / 16);
-      const int li = lane / 8, lr = lane % 8;
       constexpr int kChains = PSA_FA2_BWD90_DQ_CHAINS;
       static_assert(kChains == 1 || kChains == 2, "one or two chains");
       float q[kChains][2][4] = {};  // [chain][n8 half][fragment]
@@ -359,24 +393,8 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
           const int ii = mt * 16 + ((lane >> 3) & 1) * 8;
           ffwd::ldsm_x4_trans(a, ffwd::smem_u32(sDS + DSTile::off(jj, ii)));
         }
-        // B = K[key][d] (k = keys, n = d) from the owning warpgroup's K tile; b[0], b[1]: keys
-        // lo, hi of d columns np*16 .. +8; b[2], b[3]: of the next 8.
-        const uint32_t tile = sK0 + (ks / (kKeys / 16)) * KTile::kBytes;
-        const int kk = ks % (kKeys / 16);
-        uint32_t bf[4];
-        if constexpr (kCF) {
-          // Stored [d][key] = B^T: plain ldmatrix gives the "col" fragment.
-          const int row = np * 16 + (li / 2) * 8 + lr;
-          const int chunk = kk * 2 + (li % 2);
-          ffwd::ldsm_x4(bf, tile + 2u * KTile::offset(row, chunk));
-        } else {
-          // Stored [key][d] = B: transpose 8 keys x 8 d per block.
-          const int row = kk * 16 + (li % 2) * 8 + lr;
-          const int chunk = np * 2 + (li / 2);
-          ffwd::ldsm_x4_trans(bf, tile + 2u * KTile::offset(row, chunk));
-        }
-        ffwd::mma_16816<kDtype>(q[ks % kChains][0], a, bf[0], bf[1]);
-        ffwd::mma_16816<kDtype>(q[ks % kChains][1], a, bf[2], bf[3]);
+        ffwd::mma_16816<kDtype>(q[ks % kChains][0], a, kq[ks][0], kq[ks][1]);
+        ffwd::mma_16816<kDtype>(q[ks % kChains][1], a, kq[ks][2], kq[ks][3]);
       }
       if constexpr (kChains == 2) {
 #pragma unroll
