@@ -24,12 +24,11 @@ if [ "$kernel" = fwd ]; then
 elif [ "$kernel" = bwd ]; then
   variants=(
     [default]=""
-    [three_stages]="-DPSA_FA2_BWD90_STAGES=3"
+    [two_barriers]="-DPSA_FA2_BWD90_ONE_BARRIER=0"
     [early_lse]="-DPSA_FA2_BWD90_EARLY_LSE=1"
     [two_dq_chains]="-DPSA_FA2_BWD90_DQ_CHAINS=2"
-    [all_three]="-DPSA_FA2_BWD90_STAGES=3 -DPSA_FA2_BWD90_EARLY_LSE=1 -DPSA_FA2_BWD90_DQ_CHAINS=2"
   )
-  order="default three_stages early_lse two_dq_chains all_three"
+  order="default two_barriers early_lse two_dq_chains"
   tests="wgmma_on_hopper or backward_fast_rising_scores"
   timing="bench/bwd_schedules.py"
 else

@@ -33,11 +33,14 @@
 // are the fastest combination measured on the H200 (bench/results/h200-2026-12-01-5bb34ec):
 // with all three switched the kernel was 4-8% slower at N = 400 .. 62 500, with two of them
 // 0-5%.
+#ifndef PSA_FA2_BWD90_ONE_BARRIER
+#define PSA_FA2_BWD90_ONE_BARRIER 1  // 1: one CTA barrier per step (3 stages, 2 dS^T buffers)
+#endif
 #ifndef PSA_FA2_BWD90_STAGES
-#define PSA_FA2_BWD90_STAGES 2  // stages of the Q / dO / lse / D stream (2 or 3)
+#define PSA_FA2_BWD90_STAGES (PSA_FA2_BWD90_ONE_BARRIER ? 3 : 2)  // of the Q / dO / lse / D stream
 #endif
 #ifndef PSA_FA2_BWD90_EARLY_LSE
-#define PSA_FA2_BWD90_EARLY_LSE 0  // 1: read lse and D before the S^T / dP^T wgmmas
+#define PSA_FA2_BWD90_EARLY_LSE 1  // 1: read lse and D before the S^T / dP^T wgmmas
 #endif
 #ifndef PSA_FA2_BWD90_DQ_CHAINS
 #define PSA_FA2_BWD90_DQ_CHAINS 1  // independent accumulator chains of the dQ MMAs (1 or 2)
@@ -79,6 +82,12 @@ struct Sm90BwdTraits {
   static constexpr int kBlockM = 64;                  // streamed query rows per step
   static constexpr int kStages = PSA_FA2_BWD90_STAGES;  // of the Q / dO / lse / D stream
   static_assert(kStages == 2 || kStages == 3, "two or three stages");
+  // One barrier per step publishes both the step's dS^T and the next step's rows: the stage it
+  // refills is the previous step's, and the next step writes the other dS^T buffer while this
+  // one's dQ may still read.
+  static constexpr bool kOneBarrier = PSA_FA2_BWD90_ONE_BARRIER;
+  static_assert(!kOneBarrier || kStages == 3, "one barrier per step needs three stages");
+  static constexpr int kDSBuffers = kOneBarrier ? 2 : 1;
   static_assert(kDk == 32 && kDv == 64, "the wgmma shapes below are those of (32, 64)");
   static_assert(C::kThreads == kThreads && C::kBlockN == kBlockN && C::kBlockM == kBlockM,
                 "the epilogue and workspace of the mma.sync kernel's configuration");
@@ -97,10 +106,11 @@ struct Sm90BwdTraits {
   static constexpr int kVOffset = kKOffset + kWarpgroups * KTile::kBytes;
   static constexpr int kQOffset = kVOffset + kWarpgroups * VTile::kBytes;
   static constexpr int kDOOffset = kQOffset + kStages * QTile::kBytes;
-  static constexpr int kLseOffset = kDOOffset + kStages * DOTile::kBytes;  // [stage][row] floats
-  static constexpr int kDelOffset = kLseOffset + kStages * kBlockM * 4;
-  static constexpr int kDSOffset = kDelOffset + kStages * kBlockM * 4;
-  static constexpr int kPassBytes = kDSOffset + DSTile::kElems * 2;
+  // lse and D: [stage][row pair][lse of the pair, D of the pair], so that a thread reads those
+  // of its two columns j * 8 + 2t, + 1 in one 16-byte load.
+  static constexpr int kRowStatsOffset = kDOOffset + kStages * DOTile::kBytes;
+  static constexpr int kDSOffset = kRowStatsOffset + kStages * kBlockM * 8;
+  static constexpr int kPassBytes = kDSOffset + kDSBuffers * DSTile::kElems * 2;
   static constexpr int kSmemBytes =
       kPassBytes > int(C::kStageBytes) ? kPassBytes : int(C::kStageBytes);
   static_assert(kVOffset % 1024 == 0 && kQOffset % 1024 == 0 && kDOOffset % 1024 == 0 &&
@@ -160,9 +170,8 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   const uint32_t sK0 = smem_base + Tr::kKOffset;                       // both, for dQ
   const uint32_t sQ = smem_base + Tr::kQOffset;
   const uint32_t sDO = smem_base + Tr::kDOOffset;
-  const float* sLse = reinterpret_cast<const float*>(bwd_sm90_smem + Tr::kLseOffset);
-  const float* sDel = reinterpret_cast<const float*>(bwd_sm90_smem + Tr::kDelOffset);
-  uint16_t* sDS = reinterpret_cast<uint16_t*>(bwd_sm90_smem + Tr::kDSOffset);
+  const float* sRowStats = reinterpret_cast<const float*>(bwd_sm90_smem + Tr::kRowStatsOffset);
+  uint16_t* const sDS = reinterpret_cast<uint16_t*>(bwd_sm90_smem + Tr::kDSOffset);
 
   auto head = [&](const Strided4& s) {
     return static_cast<const uint16_t*>(s.ptr) + b * s.stride_b + h * s.stride_h;
@@ -194,9 +203,10 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
       // Rows past N get lse = D = 0 (finite); their P is masked to 0.
       const int r = wtid % kBlockM, tok = str0 + r;
       const bool ok = tok < n;
-      const float* src = wtid < kBlockM ? g_lse : g_del;
-      const int offset = (wtid < kBlockM ? Tr::kLseOffset : Tr::kDelOffset) +
-                         (stage * kBlockM + r) * 4;
+      const bool is_lse = wtid < kBlockM;
+      const float* src = is_lse ? g_lse : g_del;
+      const int offset =
+          Tr::kRowStatsOffset + (stage * kBlockM * 2 + (r / 2) * 4 + (is_lse ? 0 : 2) + r % 2) * 4;
       ffwd::cp_async<4>(smem_base + offset, ok ? src + tok : src, ok ? 4 : 0);
     } else if (it < n_steps) {
       const ffwd::CopierFor<DOTile, kCF, kVecBytes> copier(wtid, row_stride(p.dout));
@@ -274,7 +284,9 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   // One step: the 64 streamed rows at str0, in stage `stage`. kMasked: some owned key or some
   // streamed row is past N. The caller branches once per step, so the other steps carry no
   // range checks (ptxas would otherwise turn them into selects on every score).
-  auto step = [&](int stage, int str0, auto masked) {
+  auto step = [&](int it, int stage, auto masked) {
+    const int str0 = it * kBlockM;
+    uint16_t* const ds_buf = sDS + (Tr::kDSBuffers == 2 ? (it & 1) * DSTile::kElems : 0);
     constexpr bool kMasked = decltype(masked)::value;
     // -lse log2 e and D of the columns (query rows) 8j + 2t, 8j + 2t + 1 of this thread: read
     // once S^T has landed, or before the wgmmas with PSA_FA2_BWD90_EARLY_LSE=1 (which hides their
@@ -283,13 +295,12 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     auto read_row_stats = [&] {
 #pragma unroll
       for (int j = 0; j < kBlockM / 8; ++j) {
-        const int col = stage * kBlockM + j * 8 + 2 * t;
-        const float2 l2 = *reinterpret_cast<const float2*>(sLse + col);
-        const float2 d2 = *reinterpret_cast<const float2*>(sDel + col);
-        nl[j][0] = -l2.x * fbwd::kLog2e;
-        nl[j][1] = -l2.y * fbwd::kLog2e;
-        del[j][0] = d2.x;
-        del[j][1] = d2.y;
+        const float4 ld = *reinterpret_cast<const float4*>(
+            sRowStats + stage * kBlockM * 2 + (j * 4 + t) * 4);  // lse, lse, D, D
+        nl[j][0] = -ld.x * fbwd::kLog2e;
+        nl[j][1] = -ld.y * fbwd::kLog2e;
+        del[j][0] = ld.z;
+        del[j][1] = ld.w;
       }
     };
     if constexpr (PSA_FA2_BWD90_EARLY_LSE) read_row_stats();
@@ -353,7 +364,7 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
       // kk * 16 + (i / 2) * 8 ..); rows 144 bytes apart put each 16-byte row in its own banks.
       const int ds_key = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
       const int ds_col = kk * 16 + (lane / 16) * 8;
-      stsm_x4(ffwd::smem_u32(sDS + DSTile::off(ds_key, ds_col)), df[kk]);
+      stsm_x4(ffwd::smem_u32(ds_buf + DSTile::off(ds_key, ds_col)), df[kk]);
     }
 
     // dV += P^T dO and dK += dS^T Q, in flight during dQ below.
@@ -372,8 +383,18 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     }
     wgmma::commit_group();
 
-    // Both warpgroups' dS^T are in shared memory.
-    __syncthreads();
+    // Both warpgroups' dS^T are in shared memory. With one barrier per step it also publishes
+    // the next step's rows (the newest group may stay in flight, with three stages: none), and
+    // every thread is past the waits on the products that read the previous step's stage,
+    // which is refilled.
+    if constexpr (Tr::kOneBarrier) {
+      ffwd::cp_async_wait<0>();
+      wgmma::fence_proxy_async_shared();
+      __syncthreads();
+      issue_stream(it + Tr::kStages - 1);
+    } else {
+      __syncthreads();
+    }
 
     // dQ[str0 .. + 64] += dS K over the CTA's 128 keys: warp w computes the 16 x 16 block
     // (rows 16 (w / 2), columns 16 (w % 2)), in PSA_FA2_BWD90_DQ_CHAINS chains of MMAs (k16
@@ -391,7 +412,7 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
         {
           const int jj = ks * 16 + (lane & 7) + ((lane >> 4) << 3);
           const int ii = mt * 16 + ((lane >> 3) & 1) * 8;
-          ffwd::ldsm_x4_trans(a, ffwd::smem_u32(sDS + DSTile::off(jj, ii)));
+          ffwd::ldsm_x4_trans(a, ffwd::smem_u32(ds_buf + DSTile::off(jj, ii)));
         }
         ffwd::mma_16816<kDtype>(q[ks % kChains][0], a, kq[ks][0], kq[ks][1]);
         ffwd::mma_16816<kDtype>(q[ks % kChains][1], a, kq[ks][2], kq[ks][3]);
@@ -419,18 +440,20 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   int stage = 0;
   for (int it = 0; it < n_steps; ++it) {
     const int str0 = it * kBlockM;
-    if (it > 0) {
-      // Step it's rows landed; every thread is past step it-1 (its dS^T reads, and the waits
-      // on the wgmmas that read stage (it-1) % kStages = (it+kStages-1) % kStages), so that
-      // stage may be refilled.
-      publish_copies();
+    if (!Tr::kOneBarrier) {
+      if (it > 0) {
+        // Step it's rows landed; every thread is past step it-1 (its dS^T reads, and the waits
+        // on the wgmmas that read stage (it-1) % kStages = (it+kStages-1) % kStages), so that
+        // stage may be refilled.
+        publish_copies();
+      }
+      issue_stream(it + Tr::kStages - 1);
     }
-    issue_stream(it + Tr::kStages - 1);
 
     if (own_tail || str0 + kBlockM > n) {
-      step(stage, str0, std::true_type{});
+      step(it, stage, std::true_type{});
     } else {
-      step(stage, str0, std::false_type{});
+      step(it, stage, std::false_type{});
     }
     stage = stage + 1 == Tr::kStages ? 0 : stage + 1;
   }
