@@ -25,10 +25,10 @@ elif [ "$kernel" = bwd ]; then
   variants=(
     [default]=""
     [two_barriers]="-DPSA_FA2_BWD90_ONE_BARRIER=0"
-    [early_lse]="-DPSA_FA2_BWD90_EARLY_LSE=1"
+    [late_lse]="-DPSA_FA2_BWD90_EARLY_LSE=0"
     [two_dq_chains]="-DPSA_FA2_BWD90_DQ_CHAINS=2"
   )
-  order="default two_barriers early_lse two_dq_chains"
+  order="default two_barriers late_lse two_dq_chains"
   tests="wgmma_on_hopper or backward_fast_rising_scores"
   timing="bench/bwd_schedules.py"
 else

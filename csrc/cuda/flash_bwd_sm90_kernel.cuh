@@ -3,10 +3,10 @@
 //
 // One CTA owns 128 keys of one (batch, head) and is two warpgroups, each owning 64 of them: their
 // K and V rows stay in registers as wgmma A fragments, their dK and dV accumulate in registers.
-// The CTA streams the Q, dO, lse and D of 64 query rows per step through a ring of stages in
-// shared memory (cp.async into the swizzled tiles of flash_fwd_kernel.cuh, which wgmma reads as
-// they are; two stages by default: a step's rows are requested one step ahead). Per step, for
-// its 64 keys, each warpgroup computes
+// The CTA streams the Q, dO, lse and D of 64 query rows per step through a ring of three stages
+// in shared memory (cp.async into the swizzled tiles of flash_fwd_kernel.cuh, which wgmma reads
+// as they are: a step's rows are requested two steps ahead). Per step, for its 64 keys, each
+// warpgroup computes
 //   S^T  = K Q^T,  dP^T = V dO^T                 (wgmma, A = K / V registers, B = Q / dO tile)
 //   P^T  = exp2(S^T * scale log2 e - lse log2 e),  dS^T = P^T o (dP^T - D)
 //   dV  += P^T dO,  dK += dS^T Q                  (wgmma, A = P^T / dS^T registers: the
@@ -14,11 +14,25 @@
 // and writes dS^T to shared memory. While dV and dK are in flight the CTA's 8 warps compute
 // dQ (64 rows x dk) = dS K over all 128 keys with mma.sync (dS is read transposed, which
 // ldmatrix.trans does and a register-A wgmma cannot) and add it to the fp32 dQ workspace with
-// vector reductions, as the mma.sync kernel does. The K operand of dQ is the same every step,
-// so each warp keeps its fragments (32 registers) from the prologue on: the kernel runs one CTA
-// per SM either way, and that took 8 of the 16 ldmatrix and their latency off each step's dQ
-// (H200, bf16: 1789 against 2001 us at B,H,N = 8,4,6400, 11091 against 12157 at 1,2,62500). The preprocess (D, workspace zeroing), the
+// vector reductions, as the mma.sync kernel does. The preprocess (D, workspace zeroing), the
 // dQ conversion and the dK / dV epilogue are that kernel's.
+//
+// The kernel is latency-bound (one CTA of 8 warps per SM; Nsight Compute had the tensor pipe
+// 36% busy and an instruction issued every 3 cycles per scheduler), so it spends its spare
+// registers (up to 255 at one CTA per SM) and shared memory on shorter steps. Measured on the
+// H200, bf16, B,H,N = 8,4,6400 / 1,2,62500 (bench/results/h200-2026-12-01-a1a6064):
+//   - Each warp keeps the K operand of dQ (the same every step, 32 registers) from the
+//     prologue on, which took 8 of the 16 ldmatrix off each step's dQ: 2001 -> 1789 us,
+//     12157 -> 11091 us.
+//   - One CTA barrier per step: the one that publishes both warpgroups' dS^T also publishes
+//     the next step's rows, which the stage ring (three stages; the refilled stage is the
+//     previous step's) and two dS^T buffers (the next step writes one while this step's dQ
+//     reads the other) allow: 1900 -> 1685 us, 11571 -> 10317 us, against the two-barrier
+//     build of the same tree (PSA_FA2_BWD90_ONE_BARRIER=0).
+//   - lse and D read before the scores' wgmmas are issued, their latency hidden behind them
+//     (PSA_FA2_BWD90_EARLY_LSE): 1685 -> 1603 us, 10317 -> 9978 us. They are stored in pairs,
+//     so that a thread reads those of its two columns in one 16-byte load; that change was not
+//     timed alone.
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_bwd_dispatch.cu checks the device and the build).
@@ -29,10 +43,8 @@
 #include "flash_fwd_kernel.cuh"
 #include "wgmma.cuh"
 
-// Compile-time variants (`bench/tune/tune_sm90.sh bwd` checks and times them). The defaults
-// are the fastest combination measured on the H200 (bench/results/h200-2026-12-01-5bb34ec):
-// with all three switched the kernel was 4-8% slower at N = 400 .. 62 500, with two of them
-// 0-5%.
+// Compile-time variants (`bench/tune/tune_sm90.sh bwd` checks and times them); the defaults
+// are the fastest measured on the H200.
 #ifndef PSA_FA2_BWD90_ONE_BARRIER
 #define PSA_FA2_BWD90_ONE_BARRIER 1  // 1: one CTA barrier per step (3 stages, 2 dS^T buffers)
 #endif
@@ -40,16 +52,17 @@
 #define PSA_FA2_BWD90_STAGES (PSA_FA2_BWD90_ONE_BARRIER ? 3 : 2)  // of the Q / dO / lse / D stream
 #endif
 #ifndef PSA_FA2_BWD90_EARLY_LSE
-#define PSA_FA2_BWD90_EARLY_LSE 1  // 1: read lse and D before the S^T / dP^T wgmmas
+#define PSA_FA2_BWD90_EARLY_LSE 1  // 1: read lse and D before the S^T / dP^T wgmmas, 0: after
 #endif
 #ifndef PSA_FA2_BWD90_DQ_CHAINS
-#define PSA_FA2_BWD90_DQ_CHAINS 1  // independent accumulator chains of the dQ MMAs (1 or 2)
+#define PSA_FA2_BWD90_DQ_CHAINS 1  // independent accumulator chains of the dQ MMAs (1 or 2;
+                                   // 2 measured 0-5% slower, h200-2026-12-01-5bb34ec)
 #endif
 // Tried, not kept: dQ on wgmma per warpgroup (A = its dS^T from a swizzled tile, B = its K
 // tile; no CTA barrier before dQ, twice the reductions) passed its tests but was 8-10% slower
 // at every shape on the H200 (bench/results/h200-2026-12-01-0a2a437/bwd_dq_wgmma.md).
-// Also tried, each correct and slower at B,H,N = 8,4,6400 (bench/results/h200-2026-12-01-bwdkq/
-// bwd_variants.md): one warpgroup of 64 keys per CTA and two CTAs per SM, so that independent
+// Also tried, each correct and slower at B,H,N = 8,4,6400 (bench/results/h200-2026-12-01-a1a6064/
+// bwd_variants.md, before the K fragments stayed in registers): one warpgroup of 64 keys per CTA and two CTAs per SM, so that independent
 // CTAs interleave their phases (2041 against 2001 us; three CTAs per SM at 168 registers: 2096);
 // and a software-pipelined step (the next step's S^T and dP^T issued with this step's dV and
 // dK, before its dQ; one barrier per step, three stages, dS^T double-buffered): 2190 us, as
@@ -289,8 +302,8 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     uint16_t* const ds_buf = sDS + (Tr::kDSBuffers == 2 ? (it & 1) * DSTile::kElems : 0);
     constexpr bool kMasked = decltype(masked)::value;
     // -lse log2 e and D of the columns (query rows) 8j + 2t, 8j + 2t + 1 of this thread: read
-    // once S^T has landed, or before the wgmmas with PSA_FA2_BWD90_EARLY_LSE=1 (which hides their
-    // latency behind the wgmmas, but measured slower: more registers live across them).
+    // before the wgmmas (PSA_FA2_BWD90_EARLY_LSE=1), which hides their latency behind them at
+    // the cost of 32 registers live across them, or once S^T has landed.
     float nl[kBlockM / 8][2], del[kBlockM / 8][2];
     auto read_row_stats = [&] {
 #pragma unroll
