@@ -17,10 +17,11 @@
 // vector reductions, as the mma.sync kernel does. The preprocess (D, workspace zeroing), the
 // dQ conversion and the dK / dV epilogue are that kernel's.
 //
-// The kernel is latency-bound (one CTA of 8 warps per SM; Nsight Compute had the tensor pipe
-// 36% busy and an instruction issued every 3 cycles per scheduler), so it spends its spare
-// registers (up to 255 at one CTA per SM) and shared memory on shorter steps. Measured on the
-// H200, bf16, B,H,N = 8,4,6400 / 1,2,62500 (bench/results/h200-2026-12-01-a1a6064):
+// The kernel is latency-bound (one CTA of 8 warps per SM; at 5bb34ec Nsight Compute had the
+// tensor pipe 36% busy and an instruction issued every 3 cycles per scheduler), so it spends
+// its spare registers (up to 255 at one CTA per SM) and shared memory on shorter steps.
+// Measured on the H200, bf16, B,H,N = 8,4,6400 / 1,2,62500
+// (bench/results/h200-2026-12-01-a1a6064):
 //   - Each warp keeps the K operand of dQ (the same every step, 32 registers) from the
 //     prologue on, which took 8 of the 16 ldmatrix off each step's dQ: 2001 -> 1789 us,
 //     12157 -> 11091 us.
@@ -61,14 +62,15 @@
 // Tried, not kept: dQ on wgmma per warpgroup (A = its dS^T from a swizzled tile, B = its K
 // tile; no CTA barrier before dQ, twice the reductions) passed its tests but was 8-10% slower
 // at every shape on the H200 (bench/results/h200-2026-12-01-0a2a437/bwd_dq_wgmma.md).
-// Also tried, each correct and slower at B,H,N = 8,4,6400 (bench/results/h200-2026-12-01-a1a6064/
-// bwd_variants.md, before the K fragments stayed in registers): one warpgroup of 64 keys per CTA and two CTAs per SM, so that independent
-// CTAs interleave their phases (2041 against 2001 us; three CTAs per SM at 168 registers: 2096);
-// and a software-pipelined step (the next step's S^T and dP^T issued with this step's dV and
-// dK, before its dQ; one barrier per step, three stages, dS^T double-buffered): 2190 us, as
-// ptxas places the dP^T and dV / dK waits right after the S^T one, so the exponentials wait for
-// every product anyway. Issuing the next scores after dV / dK instead, with them in flight
-// across the loop's back edge, made ptxas serialize every wgmma (C7515).
+// Also tried, each correct and slower at B,H,N = 8,4,6400 (before the K fragments stayed in
+// registers; bench/results/h200-2026-12-01-a1a6064/bwd_variants.md):
+//   - one warpgroup of 64 keys per CTA and two CTAs per SM, so that independent CTAs
+//     interleave their phases: 2041 against 2001 us (three CTAs per SM, 168 registers: 2096);
+//   - a software-pipelined step (the next step's S^T and dP^T issued with this step's dV and
+//     dK, before its dQ; one barrier per step, three stages, two dS^T buffers): 2190 us, as
+//     ptxas places the dP^T and dV / dK waits right after the S^T one, so the exponentials
+//     wait for every product anyway. Issuing the next scores after dV / dK instead, with them
+//     in flight across the loop's back edge, made ptxas serialize every wgmma (C7515).
 
 namespace psa_fa2 {
 namespace fbwd_sm90 {
@@ -397,8 +399,8 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     wgmma::commit_group();
 
     // Both warpgroups' dS^T are in shared memory. With one barrier per step it also publishes
-    // the next step's rows (the newest group may stay in flight, with three stages: none), and
-    // every thread is past the waits on the products that read the previous step's stage,
+    // the next step's rows (landed: every group issued so far; visible to the async proxy),
+    // and every thread is past the waits on the products that read the previous step's stage,
     // which is refilled.
     if constexpr (Tr::kOneBarrier) {
       ffwd::cp_async_wait<0>();
