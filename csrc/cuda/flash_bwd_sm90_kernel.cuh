@@ -238,7 +238,8 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   };
 
   // Prologue: this warpgroup's K and V rows (a warpgroup wholly past N copies nothing and
-  // points at the head, a valid address), then step 0's rows.
+  // points at the head, a valid address), then the rows of steps 0 .. kStages - 2; step 0's
+  // (with K and V) are published.
   {
     const int valid = key0 < n ? n - key0 : 0;
     const int first = key0 < n ? key0 : 0;
