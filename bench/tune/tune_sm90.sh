@@ -5,7 +5,8 @@
 #   (default: every variant of that kernel; shapes: SHAPES="16x4x400 ..." in the environment)
 # Each variant rebuilds that kernel's flash_{fwd,bwd}_sm90_*.cu files with its -D flags
 # (NVCC_APPEND_FLAGS; the touch makes ninja rebuild them), runs that kernel's tests on it
-# (their summary line), then times it, bf16: bench/fwd_kernels.py or bench/bwd_schedules.py.
+# (their summary line and the failures), then times it, bf16: bench/fwd_kernels.py or
+# bench/bwd_schedules.py.
 # The last build is the default one again, so the tree is left as it was.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,7 +45,9 @@ for name in ${*:-$order}; do
   [ -v "variants[$name]" ] || { echo "unknown $kernel variant: $name" >&2; exit 2; }
   echo "== $name (${variants[$name]:-defaults})"
   build "${variants[$name]}"
-  python3 -m pytest tests/test_fast_kernels.py -q -p no:cacheprovider -k "$tests" | tail -1 || true
+  # The summary line, and which tests failed (with their assertion), if any.
+  python3 -m pytest tests/test_fast_kernels.py -q -p no:cacheprovider -rf -k "$tests" \
+    | grep -E "^FAILED|passed|failed|error" || true
   # shellcheck disable=SC2086
   python3 "$timing" --dtypes bf16 --shapes $shapes | tail -n +3
 done
