@@ -77,6 +77,15 @@ namespace fbwd_sm90 {
 
 namespace ffwd = flash_fwd_detail;
 
+// The cp.async groups but the kPending newest land, become visible to wgmma's async proxy, and
+// are published to the CTA by a barrier.
+template <int kPending>
+__device__ __forceinline__ void publish_copies() {
+  ffwd::cp_async_wait<kPending>();
+  wgmma::fence_proxy_async_shared();
+  __syncthreads();
+}
+
 // stmatrix x4 (sm_90): the inverse of ldmatrix x4. Lanes 8i .. 8i+7 give the row addresses of
 // 8x8 matrix i, whose row lane / 4, columns 2 (lane % 4) .. + 1 come from r[i] of each lane.
 __device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
@@ -229,14 +238,6 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     }
     ffwd::cp_async_commit();
   };
-  // The oldest group not yet needed lands (cp.async wait: kStages - 2 younger ones may stay in
-  // flight), becomes visible to wgmma's async proxy, and is published.
-  auto publish_copies = [] {
-    ffwd::cp_async_wait<Tr::kStages - 2>();
-    wgmma::fence_proxy_async_shared();
-    __syncthreads();
-  };
-
   // Prologue: this warpgroup's K and V rows (a warpgroup wholly past N copies nothing and
   // points at the head, a valid address), then the rows of steps 0 .. kStages - 2; step 0's
   // (with K and V) are published.
@@ -250,7 +251,7 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   }
   issue_stream(0);  // one group with K and V
   for (int it = 1; it < Tr::kStages - 1; ++it) issue_stream(it);
-  publish_copies();
+  publish_copies<Tr::kStages - 2>();  // the younger steps' rows may stay in flight
 
   uint32_t kf[kDk / 16][4];  // A fragments of this warp's 16 keys
   uint32_t vf[kDv / 16][4];
@@ -404,9 +405,7 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     // and every thread is past the waits on the products that read the previous step's stage,
     // which is refilled.
     if constexpr (Tr::kOneBarrier) {
-      ffwd::cp_async_wait<0>();
-      wgmma::fence_proxy_async_shared();
-      __syncthreads();
+      publish_copies<0>();
       issue_stream(it + Tr::kStages - 1);
     } else {
       __syncthreads();
@@ -461,7 +460,7 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
         // Step it's rows landed; every thread is past step it-1 (its dS^T reads, and the waits
         // on the wgmmas that read stage (it-1) % kStages = (it+kStages-1) % kStages), so that
         // stage may be refilled.
-        publish_copies();
+        publish_copies<Tr::kStages - 2>();
       }
       issue_stream(it + Tr::kStages - 1);
     }

@@ -97,8 +97,7 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
 #if defined(PSA_FA2_SM90_MIN_BLOCKS)
   static constexpr int kMinBlocks = PSA_FA2_SM90_MIN_BLOCKS;
 #else
-  static constexpr int kMinBlocks =
-      kSubTiles == 1 && kVecBytes != 2 ? 4 : 2;
+  static constexpr int kMinBlocks = kSubTiles == 1 && kVecBytes != 2 ? 4 : 2;
 #endif
 };
 
