@@ -29,8 +29,9 @@ def check_forward(device, impl, N, dk, dv, dtype, layout):
     assert_lse_close(lse, q, k, scale)
 
 
-def check_backward(device, impl, N, dk, dv, dtype, layout, deterministic=False):
-    B, H = batch_heads(N)
+def check_backward(device, impl, N, dk, dv, dtype, layout, deterministic=False, heads=None):
+    """heads: (B, H), else batch_heads(N)."""
+    B, H = heads or batch_heads(N)
     _, q, k, v = make_qkv(B, H, N, dk, dv, dtype, device, layout)
     scale = dk ** -0.5
     out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, impl)

@@ -159,6 +159,41 @@ def test_backward_fast_wgmma_on_hopper(N, dtype, layout):
     check_backward("cuda", "fast", N, 32, 64, dtype, layout)
 
 
+def sm90_bwd_tail_split(N, heads_total, multiprocessors):
+    """(CTAs owning a whole key tile, CTAs per shared tile) of the wgmma backward's plan
+    (csrc/cuda/bwd_tail_split.h): when its last wave is at most half full, those tiles are
+    shared out by runs of query steps."""
+    tiles, steps = -(-N // 128), -(-N // 64)
+    all_tiles = tiles * heads_total
+    last = all_tiles % multiprocessors
+    if last == 0 or 2 * last > multiprocessors:
+        return all_tiles, 1
+    pieces = min(multiprocessors // last, steps // 4, 16)
+    return (all_tiles - last, pieces) if pieces >= 2 else (all_tiles, 1)
+
+
+# name: (N, None for one head, else the heads that put this many key tiles past a wave). Both
+# N leave the last key tile partial; 2011 gives the shared tiles 8 CTAs each on 132 SMs.
+TAIL_SPLIT_CASES = {"one_wave": (1243, None), "past_a_wave": (1243, 1), "eight_pieces": (2011, 1)}
+
+
+@pytest.mark.parametrize("case", TAIL_SPLIT_CASES)
+@layouts
+@dtypes
+def test_backward_wgmma_tail_split(case, dtype, layout):
+    """The wgmma backward's last wave shared out along the query stream: the shared tiles'
+    partial dK / dV sums and the epilogue of the last CTA to finish, next to whole tiles."""
+    if not on_hopper():
+        pytest.skip("needs a compute capability 9.0 (Hopper) GPU")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    N, past = TAIL_SPLIT_CASES[case]
+    tiles = -(-N // 128)
+    H = 1 if past is None else sms // tiles + past
+    whole, pieces = sm90_bwd_tail_split(N, H, sms)
+    assert pieces >= 2 and (whole > 0) == (past is not None), (whole, pieces)
+    check_backward("cuda", "fast", N, 32, 64, dtype, layout, heads=(1, H))
+
+
 @pytest.mark.parametrize("N", FAST_SEQLENS)
 @layouts
 @dtypes

@@ -28,9 +28,12 @@ elif [ "$kernel" = bwd ]; then
     [two_barriers]="-DPSA_FA2_BWD90_ONE_BARRIER=0"
     [late_lse]="-DPSA_FA2_BWD90_EARLY_LSE=0"
     [two_dq_chains]="-DPSA_FA2_BWD90_DQ_CHAINS=2"
+    [three_stages]="-DPSA_FA2_BWD90_STAGES=3"
+    [five_stages]="-DPSA_FA2_BWD90_STAGES=5"
+    [no_tail_split]="-DPSA_FA2_BWD90_TAIL_SPLIT=0"
   )
-  order="default two_barriers late_lse two_dq_chains"
-  tests="wgmma_on_hopper or backward_fast_rising_scores"
+  order="default two_barriers late_lse two_dq_chains three_stages five_stages no_tail_split"
+  tests="wgmma_on_hopper or wgmma_tail_split or backward_fast_rising_scores"
   timing="bench/bwd_schedules.py"
 else
   echo "usage: tune_sm90.sh fwd|bwd [variant...]" >&2

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "bwd_copy_width.h"
+#include "bwd_tail_split.h"
 #include "flash_bwd_instances.h"
 #include "flash_bwd_sm90_instances.h"
 #include "launchers.h"
@@ -93,7 +94,16 @@ bool flash_bwd_supported_with(const BwdParams& p, BwdSchedule schedule) {
 
 size_t flash_bwd_workspace_bytes_with(const BwdParams& p, BwdSchedule schedule) {
   const Instance* in = find(p);
-  return in == nullptr ? 0 : in->workspace(p, resolve(p, schedule));
+  if (in == nullptr) return 0;
+  const BwdSchedule resolved = resolve(p, schedule);
+  size_t bytes = in->workspace(p, resolved);
+  if (resolved == BwdSchedule::kAtomicDQ && find_sm90(p) != nullptr) {
+    // The wgmma kernel's tail split (bwd_tail_split.h) after its dQ workspace.
+    const BwdTailSplit split =
+        plan_sm90_bwd_tail_split(p.seqlen, p.batch * p.heads, current_device_multiprocessors());
+    bytes += bwd_tail_split_bytes(split, kSm90BwdKeysPerCta * (p.head_dim_qk + p.head_dim_v));
+  }
+  return bytes;
 }
 
 void flash_bwd_with(const BwdParams& p, BwdSchedule schedule, cudaStream_t stream) {

@@ -695,10 +695,13 @@ __device__ __forceinline__ void owner_pass(const BwdParams& p, char* smem, int b
 // ---------------------------------------------------------------------------------------
 
 // D = rowsum(dO * O) for kPreRows rows of one head; zeroes the same rows of the fp32 dQ
-// workspace when there is one (rows up to n_pad, so the main kernel's reds need no mask).
+// workspace when there is one (rows up to n_pad, so the main kernel's reds need no mask), and
+// the grid together zeroes the `extra_vec4` float4s at `extra` (the Hopper kernel's split-tile
+// sums and counters).
 template <class C>
-__global__ void __launch_bounds__(256) bwd_preprocess_kernel(const __grid_constant__ BwdParams p,
-                                                             float* ws, int n_pad) {
+__global__ void __launch_bounds__(256)
+    bwd_preprocess_kernel(const __grid_constant__ BwdParams p, float* ws, int n_pad,
+                          float4* extra = nullptr, int extra_vec4 = 0) {
   using T = typename C::T;
   constexpr int R = C::kPreRows, kDV = C::kDV;
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
@@ -749,6 +752,10 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(const __grid_consta
   if (ws != nullptr) {
     float4* z = reinterpret_cast<float4*>(ws + (int64_t(bh) * n_pad + row0) * C::kDQK);
     for (int i = threadIdx.x; i < R * C::kDQK / 4; i += 256) z[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  const int64_t cta = blockIdx.x + int64_t(blockIdx.y) * gridDim.x;
+  for (int64_t i = cta * 256 + threadIdx.x; i < extra_vec4; i += int64_t(gridDim.x) * gridDim.y * 256) {
+    extra[i] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
 

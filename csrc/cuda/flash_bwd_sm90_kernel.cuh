@@ -3,9 +3,9 @@
 //
 // One CTA owns 128 keys of one (batch, head) and is two warpgroups, each owning 64 of them: their
 // K and V rows stay in registers as wgmma A fragments, their dK and dV accumulate in registers.
-// The CTA streams the Q, dO, lse and D of 64 query rows per step through a ring of three stages
+// The CTA streams the Q, dO, lse and D of 64 query rows per step through a ring of four stages
 // in shared memory (cp.async into the swizzled tiles of flash_fwd_kernel.cuh, which wgmma reads
-// as they are: a step's rows are requested two steps ahead). Per step, for its 64 keys, each
+// as they are: a step's rows are requested three steps ahead). Per step, for its 64 keys, each
 // warpgroup computes
 //   S^T  = K Q^T,  dP^T = V dO^T                 (wgmma, A = K / V registers, B = Q / dO tile)
 //   P^T  = exp2(S^T * scale log2 e - lse log2 e),  dS^T = P^T o (dP^T - D)
@@ -26,31 +26,41 @@
 //     prologue on, which took 8 of the 16 ldmatrix off each step's dQ: 2001 -> 1789 us,
 //     12157 -> 11091 us.
 //   - One CTA barrier per step: the one that publishes both warpgroups' dS^T also publishes
-//     the next step's rows, which the stage ring (three stages; the refilled stage is the
-//     previous step's) and two dS^T buffers (the next step writes one while this step's dQ
-//     reads the other) allow: 1900 -> 1685 us, 11571 -> 10317 us, against the two-barrier
+//     the next step's rows, which the stage ring (three stages or more; the refilled stage is
+//     the previous step's) and two dS^T buffers (the next step writes one while this step's
+//     dQ reads the other) allow: 1900 -> 1685 us, 11571 -> 10317 us, against the two-barrier
 //     build of the same tree (PSA_FA2_BWD90_ONE_BARRIER=0).
 //   - lse and D read before the scores' wgmmas are issued, their latency hidden behind them
 //     (PSA_FA2_BWD90_EARLY_LSE): 1685 -> 1603 us, 10317 -> 9978 us. They are stored in pairs,
 //     so that a thread reads those of its two columns in one 16-byte load; that change was not
 //     timed alone.
+// Measured the same way at 6d1e4a0 (bench/results/h200-2026-12-01-6d1e4a0/bwd_variants.md):
+//   - Four stages instead of three (rows requested three steps ahead, not two): 1603 -> 1563,
+//     9890 -> 9880 us in one call; with the tail split, three / four / five stages took 1600 /
+//     1592 / 1556 us and 9581 / 9440 / 9610 us in another. Requesting the rows after dQ rather
+//     than right after the barrier was 10% slower (three or four stages).
+//   - The last wave shared out along the query stream (bwd_tail_split.h): 1655 -> 1592 us,
+//     9951 -> 9440 us, 268 -> 253 us at 16,4,1600, in one call (PSA_FA2_BWD90_TAIL_SPLIT=0
+//     against the default).
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_bwd_dispatch.cu checks the device and the build).
 #pragma once
 
+#include "bwd_tail_split.h"
 #include "flash_bwd_kernel.cuh"
 #include "flash_bwd_sm90_instances.h"
 #include "flash_fwd_kernel.cuh"
+#include "sm90_device.h"
 #include "wgmma.cuh"
 
 // Compile-time variants (`bench/tune/tune_sm90.sh bwd` checks and times them); the defaults
 // are the fastest measured on the H200.
 #ifndef PSA_FA2_BWD90_ONE_BARRIER
-#define PSA_FA2_BWD90_ONE_BARRIER 1  // 1: one CTA barrier per step (3 stages, 2 dS^T buffers)
+#define PSA_FA2_BWD90_ONE_BARRIER 1  // 1: one CTA barrier per step (3+ stages, 2 dS^T buffers)
 #endif
 #ifndef PSA_FA2_BWD90_STAGES
-#define PSA_FA2_BWD90_STAGES (PSA_FA2_BWD90_ONE_BARRIER ? 3 : 2)  // of the Q / dO / lse / D stream
+#define PSA_FA2_BWD90_STAGES (PSA_FA2_BWD90_ONE_BARRIER ? 4 : 2)  // of the Q / dO / lse / D stream
 #endif
 #ifndef PSA_FA2_BWD90_EARLY_LSE
 #define PSA_FA2_BWD90_EARLY_LSE 1  // 1: read lse and D before the S^T / dP^T wgmmas, 0: after
@@ -105,16 +115,22 @@ struct Sm90BwdTraits {
   static constexpr int kBlockN = kKeys * kWarpgroups;  // per CTA
   static constexpr int kBlockM = 64;                  // streamed query rows per step
   static constexpr int kStages = PSA_FA2_BWD90_STAGES;  // of the Q / dO / lse / D stream
-  static_assert(kStages == 2 || kStages == 3, "two or three stages");
+  static_assert(kStages >= 2 && kStages <= 5, "two to five stages");
   // One barrier per step publishes both the step's dS^T and the next step's rows: the stage it
   // refills is the previous step's, and the next step writes the other dS^T buffer while this
   // one's dQ may still read.
   static constexpr bool kOneBarrier = PSA_FA2_BWD90_ONE_BARRIER;
-  static_assert(!kOneBarrier || kStages == 3, "one barrier per step needs three stages");
+  static_assert(!kOneBarrier || kStages >= 3, "one barrier per step needs three stages");
   static constexpr int kDSBuffers = kOneBarrier ? 2 : 1;
   static_assert(kDk == 32 && kDv == 64, "the wgmma shapes below are those of (32, 64)");
   static_assert(C::kThreads == kThreads && C::kBlockN == kBlockN && C::kBlockM == kBlockM,
                 "the epilogue and workspace of the mma.sync kernel's configuration");
+  static_assert(kBlockN == kSm90BwdKeysPerCta && kBlockM == kSm90BwdRowsPerStep,
+                "the tail split's plan (bwd_tail_split.h) counts these tiles and steps");
+  // A shared tile's partial sum: each thread's dK and dV registers as float4s, [float4][thread].
+  static constexpr int kPartialVec4 = kDk / 8 + kDv / 8;
+  static constexpr int kPartialFloats = kPartialVec4 * 4 * kThreads;
+  static_assert(kPartialFloats == kBlockN * (kDk + kDv), "one float per key and channel");
 
   // Tiles of 64 tokens: [d][token] channel-first, [token][d] token-major.
   template <int kD>
@@ -155,7 +171,8 @@ struct Sm90BwdTraits {
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
 __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>::kThreads,
                                   1)
-    flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, float* ws, int n_pad, int gran) {
+    flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, float* ws, int n_pad, int gran,
+                          const BwdTailSplit split) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Tr = Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
   using C = typename Tr::C;
@@ -184,9 +201,27 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   const int lane = tid % 32;
   const int g = lane / 4, t = lane % 4;
 
+  // This CTA's key tile, and its steps: all of them, or a run of them when the tile is one of
+  // the last wave's, shared by split.pieces CTAs (bwd_tail_split.h).
   const int n = p.seqlen;
-  const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
-  const int own0 = blockIdx.x * Tr::kBlockN;
+  const int n_steps = (n + kBlockM - 1) / kBlockM;
+  int tile_x = blockIdx.x, bh = blockIdx.y, it_begin = 0, it_end = n_steps, shared_tile = -1;
+  if (split.pieces > 1) {  // the linear CTA index counts the tiles (below 2^31 then)
+    const int cta = blockIdx.x + blockIdx.y * gridDim.x;
+    if (cta >= split.ctas) return;
+    int tile = cta;
+    if (cta >= split.whole) {
+      const int piece = (cta - split.whole) % split.pieces;
+      shared_tile = (cta - split.whole) / split.pieces;
+      tile = split.whole + shared_tile;
+      it_begin = piece * n_steps / split.pieces;
+      it_end = (piece + 1) * n_steps / split.pieces;
+    }
+    tile_x = tile % split.tiles;
+    bh = tile / split.tiles;
+  }
+  const int b = bh / p.heads, h = bh % p.heads;
+  const int own0 = tile_x * Tr::kBlockN;
   const int key0 = own0 + wg * kKeys;
 
   const uint32_t sK = smem_base + Tr::kKOffset + wg * KTile::kBytes;  // this warpgroup's
@@ -203,7 +238,6 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   auto row_stride = [](const Strided4& s) { return kCF ? s.stride_d : s.stride_n; };
   // Token `tok` of a head: along the rows channel-first, rows down token-major.
   auto at = [](const uint16_t* hd, int64_t rs, int tok) { return kCF ? hd + tok : hd + tok * rs; };
-  const int n_steps = (n + kBlockM - 1) / kBlockM;
   const float* g_lse = static_cast<const float*>(p.lse) + int64_t(bh) * n;
   const float* g_del = static_cast<const float*>(p.delta) + int64_t(bh) * n;
 
@@ -216,12 +250,13 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
       copier.copy(dst, src, n - str0);
     }
   };
-  // Step `it`'s rows into stage it % kStages: warpgroup 0 copies Q, lse and D, warpgroup 1 dO.
-  // Past the last step it commits an empty group, so that group `it` is always step it's.
+  // Step `it`'s rows into stage (it - it_begin) % kStages: warpgroup 0 copies Q, lse and D,
+  // warpgroup 1 dO. Past the last step it commits an empty group, so that the groups are the
+  // steps' in order.
   auto issue_stream = [&](int it) {
     const int str0 = it * kBlockM;
-    const int stage = it % Tr::kStages;
-    if (it < n_steps && wg == 0) {
+    const int stage = (it - it_begin) % Tr::kStages;
+    if (it < it_end && wg == 0) {
       const ffwd::CopierFor<QTile, kCF, kVecBytes> copier(wtid, row_stride(p.q));
       copy_rows(copier, sQ + stage * QTile::kBytes, p.q, str0);
       // Rows past N get lse = D = 0 (finite); their P is masked to 0.
@@ -232,7 +267,7 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
       const int offset =
           Tr::kRowStatsOffset + (stage * kBlockM * 2 + (r / 2) * 4 + (is_lse ? 0 : 2) + r % 2) * 4;
       ffwd::cp_async<4>(smem_base + offset, ok ? src + tok : src, ok ? 4 : 0);
-    } else if (it < n_steps) {
+    } else if (it < it_end) {
       const ffwd::CopierFor<DOTile, kCF, kVecBytes> copier(wtid, row_stride(p.dout));
       copy_rows(copier, sDO + stage * DOTile::kBytes, p.dout, str0);
     }
@@ -249,8 +284,8 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     k_copier.copy(sK, at(head(p.k), row_stride(p.k), first), valid);
     v_copier.copy(sV, at(head(p.v), row_stride(p.v), first), valid);
   }
-  issue_stream(0);  // one group with K and V
-  for (int it = 1; it < Tr::kStages - 1; ++it) issue_stream(it);
+  issue_stream(it_begin);  // one group with K and V
+  for (int i = 1; i < Tr::kStages - 1; ++i) issue_stream(it_begin + i);
   publish_copies<Tr::kStages - 2>();  // the younger steps' rows may stay in flight
 
   uint32_t kf[kDk / 16][4];  // A fragments of this warp's 16 keys
@@ -405,7 +440,7 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     // and every thread is past the waits on the products that read the previous step's stage,
     // which is refilled.
     if constexpr (Tr::kOneBarrier) {
-      publish_copies<0>();
+      publish_copies<Tr::kStages - 3>();  // step it + 1's rows; younger ones may stay in flight
       issue_stream(it + Tr::kStages - 1);
     } else {
       __syncthreads();
@@ -453,10 +488,10 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
 
   const bool own_tail = own0 + Tr::kBlockN > n;
   int stage = 0;
-  for (int it = 0; it < n_steps; ++it) {
+  for (int it = it_begin; it < it_end; ++it) {
     const int str0 = it * kBlockM;
     if (!Tr::kOneBarrier) {
-      if (it > 0) {
+      if (it > it_begin) {
         // Step it's rows landed; every thread is past step it-1 (its dS^T reads, and the waits
         // on the wgmmas that read stage (it-1) % kStages = (it+kStages-1) % kStages), so that
         // stage may be refilled.
@@ -474,6 +509,38 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
   }
   ffwd::cp_async_wait<0>();  // the empty groups, before the epilogue reuses shared memory
 
+  if (shared_tile >= 0) {
+    // Add this CTA's dK / dV to the tile's partial sum; the last of its CTAs to arrive takes
+    // the sum (its own included) to the epilogue, the others are done.
+    float4* sum = reinterpret_cast<float4*>(split.partial) +
+                  int64_t(shared_tile) * (Tr::kPartialFloats / 4) + tid;
+#pragma unroll
+    for (int i = 0; i < kDk / 8; ++i) {
+      fbwd::red_add4(reinterpret_cast<float*>(sum + i * Tr::kThreads), dk_acc[i][0], dk_acc[i][1],
+                     dk_acc[i][2], dk_acc[i][3]);
+    }
+#pragma unroll
+    for (int i = 0; i < kDv / 8; ++i) {
+      fbwd::red_add4(reinterpret_cast<float*>(sum + (kDk / 8 + i) * Tr::kThreads), dv_acc[i][0],
+                     dv_acc[i][1], dv_acc[i][2], dv_acc[i][3]);
+    }
+    __threadfence();  // the additions are visible device-wide before the arrival is counted
+    __syncthreads();
+    const bool last = tid == 0 && atomicAdd(split.arrivals + shared_tile, 1) == split.pieces - 1;
+    if (!__syncthreads_or(last)) return;
+    __threadfence();
+#pragma unroll
+    for (int i = 0; i < kDk / 8; ++i) {
+      const float4 v = __ldcg(sum + i * Tr::kThreads);
+      dk_acc[i][0] = v.x, dk_acc[i][1] = v.y, dk_acc[i][2] = v.z, dk_acc[i][3] = v.w;
+    }
+#pragma unroll
+    for (int i = 0; i < kDv / 8; ++i) {
+      const float4 v = __ldcg(sum + (kDk / 8 + i) * Tr::kThreads);
+      dv_acc[i][0] = v.x, dv_acc[i][1] = v.y, dv_acc[i][2] = v.z, dv_acc[i][3] = v.w;
+    }
+  }
+
   fbwd::epilogue_kv<C>(p, reinterpret_cast<char*>(bwd_sm90_smem), b, h, own0, dk_acc, dv_acc, gran);
 #endif
 }
@@ -482,7 +549,8 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
 
 // Explicitly instantiated in the generated flash_bwd_sm90_*.cu files, declared in
 // flash_bwd_sm90_instances.h: the preprocess, this kernel and the dQ conversion, on the
-// workspace of flash_bwd_instance_workspace<..., kAtomicDQ>.
+// workspace of flash_bwd_sm90_workspace_bytes (the dQ workspace of flash_bwd_instance_workspace
+// <..., kAtomicDQ>, then the tail split's partial sums and counters).
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
 void flash_bwd_sm90_instance(const BwdParams& p, cudaStream_t stream) {
   using Tr = fbwd_sm90::Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
@@ -492,13 +560,19 @@ void flash_bwd_sm90_instance(const BwdParams& p, cudaStream_t stream) {
   const int n_pad = fbwd::round_up(n, C::kPadRows);
   const int gran = C::kTM ? 16 : fbwd::channel_first_granularity(p);
   float* ws = static_cast<float*>(p.workspace);
+  BwdTailSplit split = plan_sm90_bwd_tail_split(n, bh, current_device_multiprocessors());
+  split.partial = ws + int64_t(bh) * n_pad * kDk;
+  split.arrivals = reinterpret_cast<int*>(split.partial +
+                                          int64_t(bwd_tail_split_tiles(split)) * Tr::kPartialFloats);
+  const int tail_vec4 = int(bwd_tail_split_bytes(split, Tr::kPartialFloats) / 16);
   const dim3 grid_rows(n_pad / C::kPreRows, bh);
-  const dim3 grid_own((n + Tr::kBlockN - 1) / Tr::kBlockN, bh);
-  fbwd::bwd_preprocess_kernel<C><<<grid_rows, 256, 0, stream>>>(p, ws, n_pad);
+  const dim3 grid_own(split.tiles, split.pieces > 1 ? (split.ctas + split.tiles - 1) / split.tiles : bh);
+  fbwd::bwd_preprocess_kernel<C><<<grid_rows, 256, 0, stream>>>(
+      p, ws, n_pad, reinterpret_cast<float4*>(split.partial), tail_vec4);
   constexpr auto kernel = fbwd_sm90::flash_bwd_sm90_kernel<kDtype, kDk, kDv, kLayout, kVecBytes>;
   constexpr int smem = Tr::kSmemBytes;
   allow_dynamic_smem_once<kernel>(smem);
-  kernel<<<grid_own, Tr::kThreads, smem, stream>>>(p, ws, n_pad, gran);
+  kernel<<<grid_own, Tr::kThreads, smem, stream>>>(p, ws, n_pad, gran, split);
   fbwd::bwd_convert_dq_kernel<C><<<grid_rows, 256, 0, stream>>>(p, ws, n_pad, gran);
 }
 

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
 
@@ -33,6 +34,21 @@ bool env_flag_set(const char* name) {
 }
 
 }  // namespace
+
+int current_device_multiprocessors() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];  // 0: not read yet
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 0;
+  if (device < kMaxDevices) {
+    const int known = cached[device].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+  }
+  int count = 0;
+  if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+  if (device < kMaxDevices) cached[device].store(count, std::memory_order_relaxed);
+  return count;
+}
 
 bool sm90_kernels_enabled() { return !env_flag_set("PSA_FA2_DISABLE_SM90") && on_sm90a_device(); }
 

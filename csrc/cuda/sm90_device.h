@@ -10,4 +10,7 @@ namespace psa_fa2 {
 // switch between the Hopper kernels and the mma.sync ones that Ampere runs.
 bool sm90_kernels_enabled();
 
+// Streaming multiprocessors of the current device (cached per device; 0 if it cannot be read).
+int current_device_multiprocessors();
+
 }  // namespace psa_fa2
