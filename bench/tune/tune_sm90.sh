@@ -3,8 +3,8 @@
 # (needs a Hopper GPU, nvcc and the build's torch), from the project root:
 #   bash bench/tune/tune_sm90.sh fwd|bwd [variant...]
 #   (default: every variant of that kernel; shapes: SHAPES="16x4x400 ..." in the environment)
-# Each variant rebuilds that kernel's flash_{fwd,bwd}_sm90_*.cu files with its -D flags
-# (NVCC_APPEND_FLAGS; the touch makes ninja rebuild them), runs that kernel's tests on it
+# Each variant rebuilds that kernel's flash_{fwd,bwd}_sm90_*.cu and dispatch files with its -D
+# flags (NVCC_APPEND_FLAGS; the touch makes ninja rebuild them), runs that kernel's tests on it
 # (their summary line and the failures), then times it, bf16: bench/fwd_kernels.py or
 # bench/bwd_schedules.py.
 # The last build is the default one again, so the tree is left as it was.
@@ -29,10 +29,12 @@ elif [ "$kernel" = bwd ]; then
     [late_lse]="-DPSA_FA2_BWD90_EARLY_LSE=0"
     [two_dq_chains]="-DPSA_FA2_BWD90_DQ_CHAINS=2"
     [three_stages]="-DPSA_FA2_BWD90_STAGES=3"
-    [five_stages]="-DPSA_FA2_BWD90_STAGES=5"
+    [four_stages]="-DPSA_FA2_BWD90_STAGES=4"
     [no_tail_split]="-DPSA_FA2_BWD90_TAIL_SPLIT=0"
+    [pieces_of_two_steps]="-DPSA_FA2_BWD90_MIN_STEPS=2"
   )
-  order="default two_barriers late_lse two_dq_chains three_stages five_stages no_tail_split"
+  order="default two_barriers late_lse two_dq_chains three_stages four_stages no_tail_split
+    pieces_of_two_steps"
   tests="wgmma_on_hopper or wgmma_tail_split or backward_fast_rising_scores"
   timing="bench/bwd_schedules.py"
 else
@@ -40,7 +42,8 @@ else
   exit 2
 fi
 build() {
-  touch csrc/cuda/flash_"$kernel"_sm90_*.cu
+  # The backward's dispatch sizes the workspace of the tail split: it sees the same flags.
+  touch csrc/cuda/flash_"$kernel"_sm90_*.cu csrc/cuda/flash_"$kernel"_dispatch.cu
   NVCC_APPEND_FLAGS="$1" python3 setup.py build_ext --inplace >/tmp/tune_sm90_build.log 2>&1 \
     || { tail -30 /tmp/tune_sm90_build.log; exit 1; }
 }

@@ -27,8 +27,11 @@ struct BwdTailSplit {
 };
 
 // Each CTA also loads its K / V rows and runs the epilogue: at least this many steps of 64
-// query rows per piece.
-constexpr int kBwdMinStepsPerPiece = 4;
+// query rows per piece (PSA_FA2_BWD90_MIN_STEPS, compile-time, for bench/tune/tune_sm90.sh).
+#ifndef PSA_FA2_BWD90_MIN_STEPS
+#define PSA_FA2_BWD90_MIN_STEPS 4
+#endif
+constexpr int kBwdMinStepsPerPiece = PSA_FA2_BWD90_MIN_STEPS;
 constexpr int kBwdMaxPieces = 16;
 
 // `slots`: CTAs resident on the device at once (SMs x CTAs per SM).
@@ -57,6 +60,8 @@ constexpr int kSm90BwdRowsPerStep = 64;
 constexpr int kSm90BwdCtasPerSm = 1;
 
 // PSA_FA2_BWD90_TAIL_SPLIT=0 (compile-time; bench/tune/tune_sm90.sh) keeps every tile whole.
+// This plan sizes the workspace (flash_bwd_dispatch.cu) and runs the kernel (the sm90 units):
+// both must be built with the same PSA_FA2_BWD90_* flags.
 #ifndef PSA_FA2_BWD90_TAIL_SPLIT
 #define PSA_FA2_BWD90_TAIL_SPLIT 1
 #endif

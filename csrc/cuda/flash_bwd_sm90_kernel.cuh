@@ -3,9 +3,9 @@
 //
 // One CTA owns 128 keys of one (batch, head) and is two warpgroups, each owning 64 of them: their
 // K and V rows stay in registers as wgmma A fragments, their dK and dV accumulate in registers.
-// The CTA streams the Q, dO, lse and D of 64 query rows per step through a ring of four stages
+// The CTA streams the Q, dO, lse and D of 64 query rows per step through a ring of five stages
 // in shared memory (cp.async into the swizzled tiles of flash_fwd_kernel.cuh, which wgmma reads
-// as they are: a step's rows are requested three steps ahead). Per step, for its 64 keys, each
+// as they are: a step's rows are requested four steps ahead). Per step, for its 64 keys, each
 // warpgroup computes
 //   S^T  = K Q^T,  dP^T = V dO^T                 (wgmma, A = K / V registers, B = Q / dO tile)
 //   P^T  = exp2(S^T * scale log2 e - lse log2 e),  dS^T = P^T o (dP^T - D)
@@ -34,14 +34,17 @@
 //     (PSA_FA2_BWD90_EARLY_LSE): 1685 -> 1603 us, 10317 -> 9978 us. They are stored in pairs,
 //     so that a thread reads those of its two columns in one 16-byte load; that change was not
 //     timed alone.
-// Measured the same way at 6d1e4a0 (bench/results/h200-2026-12-01-6d1e4a0/bwd_variants.md):
-//   - Four stages instead of three (rows requested three steps ahead, not two): 1603 -> 1563,
-//     9890 -> 9880 us in one call; with the tail split, three / four / five stages took 1600 /
-//     1592 / 1556 us and 9581 / 9440 / 9610 us in another. Requesting the rows after dQ rather
-//     than right after the barrier was 10% slower (three or four stages).
+// Measured the same way on the tree of 4889f87 (bench/results/h200-2026-12-01-4889f87/
+// bwd_variants.md):
+//   - More stages, so that a step's rows are requested further ahead: three -> four stages
+//     took 1603 -> 1563 us, 9890 -> 9880 us in one call (without the tail split). With it,
+//     three / four / five stages took 1600 / 1592 / 1556 us and 9581 / 9440 / 9610 us in a
+//     second call, and four / five took 1594 / 1571 and 1596 / 1570 us, 9511 / 9647 and 9611 /
+//     9683 us in a third: five is 1.5% faster at 8,4,6400 and 1.3% slower at 1,2,62500.
+//     Requesting the rows after dQ rather than right after the barrier was 10% slower.
 //   - The last wave shared out along the query stream (bwd_tail_split.h): 1655 -> 1592 us,
 //     9951 -> 9440 us, 268 -> 253 us at 16,4,1600, in one call (PSA_FA2_BWD90_TAIL_SPLIT=0
-//     against the default).
+//     against the default, four stages).
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_bwd_dispatch.cu checks the device and the build).
@@ -60,7 +63,7 @@
 #define PSA_FA2_BWD90_ONE_BARRIER 1  // 1: one CTA barrier per step (3+ stages, 2 dS^T buffers)
 #endif
 #ifndef PSA_FA2_BWD90_STAGES
-#define PSA_FA2_BWD90_STAGES (PSA_FA2_BWD90_ONE_BARRIER ? 4 : 2)  // of the Q / dO / lse / D stream
+#define PSA_FA2_BWD90_STAGES (PSA_FA2_BWD90_ONE_BARRIER ? 5 : 2)  // of the Q / dO / lse / D stream
 #endif
 #ifndef PSA_FA2_BWD90_EARLY_LSE
 #define PSA_FA2_BWD90_EARLY_LSE 1  // 1: read lse and D before the S^T / dP^T wgmmas, 0: after
