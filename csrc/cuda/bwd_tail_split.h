@@ -29,7 +29,7 @@ struct BwdTailSplit {
 // Each CTA also loads its K / V rows and runs the epilogue: at least this many steps of 64
 // query rows per piece (PSA_FA2_BWD90_MIN_STEPS, compile-time, for bench/tune/tune_sm90.sh).
 #ifndef PSA_FA2_BWD90_MIN_STEPS
-#define PSA_FA2_BWD90_MIN_STEPS 4
+#define PSA_FA2_BWD90_MIN_STEPS 2
 #endif
 constexpr int kBwdMinStepsPerPiece = PSA_FA2_BWD90_MIN_STEPS;
 constexpr int kBwdMaxPieces = 16;
