@@ -34,7 +34,7 @@
 //     (PSA_FA2_BWD90_EARLY_LSE): 1685 -> 1603 us, 10317 -> 9978 us. They are stored in pairs,
 //     so that a thread reads those of its two columns in one 16-byte load; that change was not
 //     timed alone.
-// Measured the same way on the tree of 4889f87 (bench/results/h200-2026-12-01-4889f87/
+// Measured the same way from 7681a38 to cfad680 (bench/results/h200-2026-12-01-11652e9/
 // bwd_variants.md):
 //   - More stages, so that a step's rows are requested further ahead: three -> four stages
 //     took 1603 -> 1563 us, 9890 -> 9880 us in one call (without the tail split). With it,
@@ -44,7 +44,8 @@
 //     Requesting the rows after dQ rather than right after the barrier was 10% slower.
 //   - The last wave shared out along the query stream (bwd_tail_split.h): 1655 -> 1592 us,
 //     9951 -> 9440 us, 268 -> 253 us at 16,4,1600, in one call (PSA_FA2_BWD90_TAIL_SPLIT=0
-//     against the default, four stages).
+//     against the default, four stages). Pieces of two steps rather than four: 18.1 -> 16.6 us
+//     at 1,4,400 (16 tiles of 7 steps, now shared by 3 CTAs each).
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_bwd_dispatch.cu checks the device and the build).
