@@ -160,21 +160,32 @@ def test_backward_fast_wgmma_on_hopper(N, dtype, layout):
 
 
 def sm90_bwd_tail_split(N, heads_total, multiprocessors):
-    """(CTAs owning a whole key tile, CTAs per shared tile) of the wgmma backward's plan
-    (csrc/cuda/bwd_tail_split.h): when its last wave is at most half full, those tiles are
-    shared out by runs of query steps."""
+    """(CTAs owning a whole key tile, CTAs per shared tile) of the wgmma backward's plan, as
+    csrc/cuda/bwd_tail_split.h makes it: when the last wave is at most half full, its tiles
+    are shared by up to 16 CTAs of two query steps (64 rows) or more each."""
     tiles, steps = -(-N // 128), -(-N // 64)
     all_tiles = tiles * heads_total
     last = all_tiles % multiprocessors
     if last == 0 or 2 * last > multiprocessors:
         return all_tiles, 1
-    pieces = min(multiprocessors // last, steps // 4, 16)
+    pieces = min(multiprocessors // last, steps // 2, 16)
     return (all_tiles - last, pieces) if pieces >= 2 else (all_tiles, 1)
 
 
-# name: (N, None for one head, else the heads that put this many key tiles past a wave). Both
-# N leave the last key tile partial; 2011 gives the shared tiles 8 CTAs each on 132 SMs.
-TAIL_SPLIT_CASES = {"one_wave": (1243, None), "past_a_wave": (1243, 1), "eight_pieces": (2011, 1)}
+def tail_split_heads(case, tiles, multiprocessors):
+    """Heads for a tail-split case: one (less than a wave); a wave and one head more; or the
+    fewest past a wave whose last wave is small enough for 16 CTAs per tile."""
+    if case == "one_wave":
+        return 1
+    heads = multiprocessors // tiles + 1
+    if case == "sixteen_pieces":
+        while not 1 <= tiles * heads % multiprocessors <= multiprocessors // 16:
+            heads += 1
+    return heads
+
+
+# Both N leave the last key tile partial; 2011 has 32 query steps, enough for 16 pieces.
+TAIL_SPLIT_CASES = {"one_wave": 1243, "past_a_wave": 1243, "sixteen_pieces": 2011}
 
 
 @pytest.mark.parametrize("case", TAIL_SPLIT_CASES)
@@ -186,11 +197,11 @@ def test_backward_wgmma_tail_split(case, dtype, layout):
     if not on_hopper():
         pytest.skip("needs a compute capability 9.0 (Hopper) GPU")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    N, past = TAIL_SPLIT_CASES[case]
-    tiles = -(-N // 128)
-    H = 1 if past is None else sms // tiles + past
+    N = TAIL_SPLIT_CASES[case]
+    H = tail_split_heads(case, -(-N // 128), sms)
     whole, pieces = sm90_bwd_tail_split(N, H, sms)
-    assert pieces >= 2 and (whole > 0) == (past is not None), (whole, pieces)
+    assert pieces >= 2 and (whole > 0) == (case != "one_wave"), (whole, pieces)
+    assert case != "sixteen_pieces" or pieces == 16, pieces
     check_backward("cuda", "fast", N, 32, 64, dtype, layout, heads=(1, H))
 
 

@@ -15,7 +15,9 @@
 // dQ (64 rows x dk) = dS K over all 128 keys with mma.sync (dS is read transposed, which
 // ldmatrix.trans does and a register-A wgmma cannot) and add it to the fp32 dQ workspace with
 // vector reductions, as the mma.sync kernel does. The preprocess (D, workspace zeroing), the
-// dQ conversion and the dK / dV epilogue are that kernel's.
+// dQ conversion and the dK / dV epilogue are that kernel's. The key tiles of a launch's last,
+// partial wave are each shared by several CTAs, each streaming a run of the query rows
+// (bwd_tail_split.h); they sum their dK / dV in the workspace before the epilogue.
 //
 // The kernel is latency-bound (one CTA of 8 warps per SM; at 5bb34ec Nsight Compute had the
 // tensor pipe 36% busy and an instruction issued every 3 cycles per scheduler), so it spends
@@ -553,8 +555,9 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
 
 // Explicitly instantiated in the generated flash_bwd_sm90_*.cu files, declared in
 // flash_bwd_sm90_instances.h: the preprocess, this kernel and the dQ conversion, on the
-// workspace of flash_bwd_sm90_workspace_bytes (the dQ workspace of flash_bwd_instance_workspace
-// <..., kAtomicDQ>, then the tail split's partial sums and counters).
+// workspace that flash_bwd_workspace_bytes_with (flash_bwd_dispatch.cu) sizes for it: the dQ
+// workspace of flash_bwd_instance_workspace<..., kAtomicDQ>, then the tail split's partial
+// sums and counters.
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
 void flash_bwd_sm90_instance(const BwdParams& p, cudaStream_t stream) {
   using Tr = fbwd_sm90::Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
