@@ -134,8 +134,7 @@ struct Sm90BwdTraits {
   static_assert(kBlockN == kSm90BwdKeysPerCta && kBlockM == kSm90BwdRowsPerStep,
                 "the tail split's plan (bwd_tail_split.h) counts these tiles and steps");
   // A shared tile's partial sum: each thread's dK and dV registers as float4s, [float4][thread].
-  static constexpr int kPartialVec4 = kDk / 8 + kDv / 8;
-  static constexpr int kPartialFloats = kPartialVec4 * 4 * kThreads;
+  static constexpr int kPartialFloats = (kDk / 8 + kDv / 8) * 4 * kThreads;
   static_assert(kPartialFloats == kBlockN * (kDk + kDv), "one float per key and channel");
 
   // Tiles of 64 tokens: [d][token] channel-first, [token][d] token-major.
@@ -520,31 +519,33 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     // the sum (its own included) to the epilogue, the others are done.
     float4* sum = reinterpret_cast<float4*>(split.partial) +
                   int64_t(shared_tile) * (Tr::kPartialFloats / 4) + tid;
+    // acc[i] is float4 `first + i` of this thread's part of the sum.
+    auto add_to_sum = [&](const auto& acc, int first) {
 #pragma unroll
-    for (int i = 0; i < kDk / 8; ++i) {
-      fbwd::red_add4(reinterpret_cast<float*>(sum + i * Tr::kThreads), dk_acc[i][0], dk_acc[i][1],
-                     dk_acc[i][2], dk_acc[i][3]);
-    }
+      for (int i = 0; i < int(sizeof(acc) / sizeof(acc[0])); ++i) {
+        fbwd::red_add4(reinterpret_cast<float*>(sum + (first + i) * Tr::kThreads), acc[i][0],
+                       acc[i][1], acc[i][2], acc[i][3]);
+      }
+    };
+    auto take_sum = [&](auto& acc, int first) {
 #pragma unroll
-    for (int i = 0; i < kDv / 8; ++i) {
-      fbwd::red_add4(reinterpret_cast<float*>(sum + (kDk / 8 + i) * Tr::kThreads), dv_acc[i][0],
-                     dv_acc[i][1], dv_acc[i][2], dv_acc[i][3]);
-    }
+      for (int i = 0; i < int(sizeof(acc) / sizeof(acc[0])); ++i) {
+        const float4 v = __ldcg(sum + (first + i) * Tr::kThreads);
+        acc[i][0] = v.x;
+        acc[i][1] = v.y;
+        acc[i][2] = v.z;
+        acc[i][3] = v.w;
+      }
+    };
+    add_to_sum(dk_acc, 0);
+    add_to_sum(dv_acc, kDk / 8);
     __threadfence();  // the additions are visible device-wide before the arrival is counted
     __syncthreads();
     const bool last = tid == 0 && atomicAdd(split.arrivals + shared_tile, 1) == split.pieces - 1;
     if (!__syncthreads_or(last)) return;
     __threadfence();
-#pragma unroll
-    for (int i = 0; i < kDk / 8; ++i) {
-      const float4 v = __ldcg(sum + i * Tr::kThreads);
-      dk_acc[i][0] = v.x, dk_acc[i][1] = v.y, dk_acc[i][2] = v.z, dk_acc[i][3] = v.w;
-    }
-#pragma unroll
-    for (int i = 0; i < kDv / 8; ++i) {
-      const float4 v = __ldcg(sum + (kDk / 8 + i) * Tr::kThreads);
-      dv_acc[i][0] = v.x, dv_acc[i][1] = v.y, dv_acc[i][2] = v.z, dv_acc[i][3] = v.w;
-    }
+    take_sum(dk_acc, 0);
+    take_sum(dv_acc, kDk / 8);
   }
 
   fbwd::epilogue_kv<C>(p, reinterpret_cast<char*>(bwd_sm90_smem), b, h, own0, dk_acc, dv_acc, gran);
