@@ -346,6 +346,18 @@ def test_forward_fast_tf32(N, dk, dv, layout, tf32_matmuls):
     assert_close_to_reference("lse", lse, lse64, lse_tf32, torch.float32, tf32=True)
 
 
+@pytest.mark.parametrize("N", [1000, 4097])
+@layouts
+def test_forward_fast_tf32_rising_scores(N, layout, tf32_matmuls):
+    """The TF32 kernel's lazy max moves, and O is rescaled, every few key tiles here."""
+    q, k, v, scale = rising_scores_qkv(N, torch.float32, layout)
+    poison_cuda_allocator(4 * q.numel() * 8, "cuda")
+    out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
+    ref64, eager, lse64, lse_tf32 = forward_reference_tf32(q, k, v, scale)
+    assert_close_to_reference("out", out, ref64, eager, torch.float32, tf32=True)
+    assert_close_to_reference("lse", lse, lse64, lse_tf32, torch.float32, tf32=True)
+
+
 @layouts
 def test_fp32_precision_setting_picks_the_kernel(layout):
     """"highest" runs the exact kernel (1e-5 of float64), "high" the TF32 one, whose rounding

@@ -15,6 +15,7 @@
 // padded by kPad = 4 floats (keeps 16-byte alignment, and makes transposing 4-byte writes conflict
 // free, see TransposeCopier; the TF32 path pads Q and K rows by 8, see F32Traits::kQKPad):
 //   Q  [dk][kBlockM]   K [dk][kBlockN]   V [kBlockN][dv]   P (per warp) [kBlockN][16]
+// except that the TF32 path keeps channel-first V as [dv][kBlockN] (F32Traits::kVByChannel).
 // A tile whose unit-stride global dimension is the smem row (channel-first Q/K, token-major V) is
 // copied with cp.async of kVecBytes = 16 or 4 (the dispatch picks it from the real alignment);
 // the others (token-major Q/K, channel-first V) are transposed on the fly with 4-byte cp.async.
@@ -160,13 +161,21 @@ struct DirectCopier {
     }
   }
 
-  // f(element) for every element this thread's copy() wrote (valid or zero-filled).
+  // f(element) for every element this thread's copy() wrote (valid or zero-filled), one
+  // shared-memory load and store per vector (ptxas does not merge the scalar ones).
   template <class F>
   __device__ __forceinline__ void for_each_copied(float* stile, F f) const {
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i)
-#pragma unroll
-      for (int e = 0; e < kE; ++e) f(stile[soff + i * kRowStep * kStride + e]);
+    for (int i = 0; i < kPerThread; ++i) {
+      float* const p = stile + soff + i * kRowStep * kStride;
+      if constexpr (kE == 4) {
+        float4 x = *reinterpret_cast<float4*>(p);  // 16-byte aligned: kStride, col0 % 4 == 0
+        f(x.x), f(x.y), f(x.z), f(x.w);
+        *reinterpret_cast<float4*>(p) = x;
+      } else {
+        f(*p);
+      }
+    }
   }
 };
 
@@ -280,10 +289,15 @@ struct F32Traits {
   static constexpr int kQKPad = kTf32 ? 8 : kPad;
   static constexpr int kQStride = kBlockM + kQKPad;
   static constexpr int kKStride = kBlockN + kQKPad;
-  static constexpr int kVStride = kDv + kPad;
+  // The TF32 path keeps channel-first V as global memory has it, [dv][kBlockN] (copied with
+  // kVecBytes, not transposed 4 bytes at a time): a lane's two keys 2t, 2t+1 of channel g are
+  // then adjacent, one 64-bit load. 8 floats of padding put the 16 lanes of a load phase
+  // (g < 4 or g >= 4) on 8g + 2t, 8g + 2t + 1: all 32 banks once.
+  static constexpr bool kVByChannel = kTf32 && kCF;
+  static constexpr int kVStride = kVByChannel ? kBlockN + 8 : kDv + kPad;
   static constexpr int kQFloats = kDk * kQStride;
   static constexpr int kKFloats = kDk * kKStride;
-  static constexpr int kVFloats = kBlockN * kVStride;
+  static constexpr int kVFloats = kVByChannel ? kDv * kVStride : kBlockN * kVStride;
   static constexpr int kPFloats = kTf32 ? 0 : kBlockN * kPStride;  // per warp (FFMA path only)
   static constexpr int kQOff = 0;
   static constexpr int kKOff = kQOff + kQFloats;
@@ -295,8 +309,10 @@ struct F32Traits {
                                      TransposeCopier<kDk, kBlockM, true, kQKPad>>;
   using KCopier = std::conditional_t<kCF, DirectCopier<kDk, kBlockN, kVecBytes, true, kQKPad>,
                                      TransposeCopier<kDk, kBlockN, true, kQKPad>>;
-  using VCopier = std::conditional_t<kCF, TransposeCopier<kBlockN, kDv, false>,
-                                     DirectCopier<kBlockN, kDv, kVecBytes, false>>;
+  using VCopier = std::conditional_t<
+      kVByChannel, DirectCopier<kDv, kBlockN, kVecBytes, true, 8>,
+      std::conditional_t<kCF, TransposeCopier<kBlockN, kDv, false>,
+                         DirectCopier<kBlockN, kDv, kVecBytes, false>>>;
   // Copier for each tile, built from the kernel parameters where it is used (they live in
   // constant memory) rather than kept live across the main loop: registers are the tight
   // resource. The copiers get the stride between tile rows; token n of a head sits at +n

@@ -6,6 +6,8 @@
 // kernel (flash_fwd_f32_kernel.cuh): 8 warps x 16 query rows, K/V in kBlockN-token tiles
 // through two cp.async stages, Q [dk][kBlockM], K [dk][kBlockN], V [kBlockN][dv] in shared
 // memory. What differs:
+//   - Channel-first V stays [dv][kBlockN], as global memory has it (16-byte copies instead of
+//     transposing 4-byte ones; F32Traits::kVByChannel).
 //   - Operands are rounded to TF32 (cvt.rna, round to nearest, ties away) once, in shared
 //     memory: each thread rounds the elements its own cp.async wrote, after its wait and
 //     before the barrier that publishes the tile. Eight warps read every K/V element, so
@@ -14,9 +16,14 @@
 //     P V product from registers: the accumulator of an 8-key block holds, per lane, keys
 //     2t, 2t+1 of rows g, g+8, and the A fragment of m16n8k8 wants k indices t, t+4. Since
 //     P V sums over keys, A's k index t is taken to be key 2t and t+4 key 2t+1, and the V
-//     fragment is read with the same order: b0 = V[key 2t][ch g], b1 = V[key 2t + 1][ch g].
+//     fragment is read with the same order: b0 = V[key 2t][ch g], b1 = V[key 2t + 1][ch g],
+//     adjacent in a [dv][kBlockN] tile (one 64-bit load).
 //   - The online softmax is the bf16 kernel's (mma_softmax.cuh: rows g, g+8 per lane, max
-//     over the 4 lanes of a row), in base 2 with log2(e) folded into the scale.
+//     over the 4 lanes of a row), in base 2 with log2(e) folded into the scale, with the lazy
+//     max of the wgmma kernel: a row's reference max moves only when the max grows by more than
+//     2^8, so most tiles of a long row skip the rescale of O (probabilities reach 256 before
+//     the final normalisation; exact in fp32, and their TF32 roundings keep the same relative
+//     error).
 #pragma once
 
 #include "flash_fwd_f32_kernel.cuh"
@@ -125,19 +132,29 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
       for (int i = 0; i < kSTiles; ++i) mma_1688_tf32(s[i], a, lds_bits(k_lo + i * 8), lds_bits(k_hi + i * 8));
     }
 
-    // ---- Keys past N -inf, then the online softmax (mma_softmax.cuh) ----
+    // ---- Keys past N -inf, then the online softmax (mma_softmax.cuh; lazy max) ----
     mma_softmax::mask_keys_from(s, n0, N, t);
-    mma_softmax::online_softmax_tile(s, row_max, row_sum, o, scale_log2);
+    mma_softmax::online_softmax_tile<kSTiles, kOTiles, true>(s, row_max, row_sum, o, scale_log2);
 
     // ---- O += P V (8-key block i of P is S tile i; key order 2t, 2t+1 <-> k t, t+4) ----
 #pragma unroll
     for (int i = 0; i < kSTiles; ++i) {
       const uint32_t a[4] = {tf32_bits(s[i][0]), tf32_bits(s[i][2]), tf32_bits(s[i][1]),
                              tf32_bits(s[i][3])};
-      const float* v_lo = sVs + (i * 8 + 2 * t) * Tr::kVStride + g;
-      const float* v_hi = v_lo + Tr::kVStride;
+      if constexpr (Tr::kVByChannel) {
+        // V [dv][key]: keys 2t, 2t + 1 of channel c * 8 + g in one 64-bit load.
+        const float* v_ch = sVs + g * Tr::kVStride + i * 8 + 2 * t;
 #pragma unroll
-      for (int c = 0; c < kOTiles; ++c) mma_1688_tf32(o[c], a, lds_bits(v_lo + c * 8), lds_bits(v_hi + c * 8));
+        for (int c = 0; c < kOTiles; ++c) {
+          const float2 b = *reinterpret_cast<const float2*>(v_ch + c * 8 * Tr::kVStride);
+          mma_1688_tf32(o[c], a, __float_as_uint(b.x), __float_as_uint(b.y));
+        }
+      } else {
+        const float* v_lo = sVs + (i * 8 + 2 * t) * Tr::kVStride + g;
+        const float* v_hi = v_lo + Tr::kVStride;
+#pragma unroll
+        for (int c = 0; c < kOTiles; ++c) mma_1688_tf32(o[c], a, lds_bits(v_lo + c * 8), lds_bits(v_hi + c * 8));
+      }
     }
   }
   cp_async_wait_all();  // only empty groups are left

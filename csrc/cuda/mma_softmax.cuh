@@ -131,14 +131,16 @@ __device__ __forceinline__ void rescale_rows(float (&o)[kOTiles][4], const float
 }
 
 // Both, for kernels whose accumulator is not in flight during the softmax: one rescale of
-// the accumulator per tile.
-template <int kTiles, int kOTiles>
+// the accumulator per tile, or with kLazyMax only for tiles that move the max of some row of
+// the warp (alpha is exactly 1 where it stays: 2^0).
+template <int kTiles, int kOTiles, bool kLazyMax = false>
 __device__ __forceinline__ void online_softmax_tile(float (&s)[kTiles][4], float (&row_max)[2],
                                                     float (&row_sum)[2], float (&o)[kOTiles][4],
                                                     float scale_log2) {
   float alpha[2];
-  softmax_probabilities(s, row_max, row_sum, scale_log2, alpha);
-  rescale_rows(o, alpha);
+  softmax_probabilities<kTiles, kLazyMax>(s, row_max, row_sum, scale_log2, alpha);
+  if (!kLazyMax || __any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
+    rescale_rows(o, alpha);
 }
 
 }  // namespace mma_softmax
