@@ -2,6 +2,7 @@
 (dk, dv), both layouts, bf16 / fp16 and fp32 (exact and TF32), odd N; determinism; 64-bit
 offsets."""
 import math
+import re
 
 import pytest
 import torch
@@ -123,6 +124,31 @@ def test_environment_selects_the_hopper_kernels(layout, monkeypatch):
     assert "flash_bwd_sm90_kernel" not in off and "bwd_atomic_dq_kernel" in off
     deterministic = names({}, fast_backward((q, k, v), True))
     assert "flash_bwd_sm90_kernel" not in deterministic and "bwd_combined_kernel" in deterministic
+
+
+@pytest.mark.parametrize("N,vec", [(441, 2), (8193, 2), (6402, 4), (8194, 4)],
+                         ids=["441-2B", "8193-2B", "6402-4B", "8194-4B"])
+@pytest.mark.parametrize("views", ["split", "separate"])
+@dtypes
+def test_forward_wgmma_copies_kv_to_aligned_rows(N, vec, views, dtype):
+    """Channel-first K and V whose rows would allow only 2-byte (odd N, from 400 tokens on)
+    or 4-byte accesses (N % 4 == 2, from 6400 on) are copied to rows that start at 16-byte
+    multiples, in one copy for the block's split views and two for separate tensors, and the
+    wgmma kernel with 16-byte K / V copies runs ("cfs"; Q and out keep their vec-byte
+    accesses). Its output and lse against float64."""
+    if not on_hopper():
+        pytest.skip("the aligned K / V copies feed the wgmma kernel (Hopper) only")
+    _, q, k, v = make_qkv(1, 2, N, 32, 64, dtype, "cuda", "channel_first")
+    if views == "separate":
+        k, v = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in (k, v))
+    scale = 32 ** -0.5
+    names = " ".join(cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")))
+    assert re.search(rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 16>", names), names
+    poison_cuda_allocator(4 * q.numel() * 8, "cuda")
+    out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
+    ref64, eager = forward_reference(q, k, v, scale)
+    assert_close_to_reference("out", out, ref64, eager, dtype)
+    assert_lse_close(lse, q, k, scale)
 
 
 @pytest.mark.parametrize("N", FAST_SEQLENS)

@@ -17,9 +17,10 @@ declare -A variants
 if [ "$kernel" = fwd ]; then
   variants=(
     [default]=""
+    [kv_as_given]="-DPSA_FA2_ALIGNED_KV_MIN_SEQLEN=2147483647"
   )
   # (Timing-only variants of the forward, without torch: bench/tune/tune_fwd.sh sm90.)
-  order="default"
+  order="default kv_as_given"
   tests="test_forward_fast and not fp32 and not tf32"
   timing="bench/fwd_kernels.py"
 elif [ "$kernel" = bwd ]; then

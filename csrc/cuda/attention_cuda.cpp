@@ -13,6 +13,7 @@
 
 #include "../checks.h"
 #include "../blockwise_attention.h"
+#include "aligned_kv.h"
 #include "make_params.h"
 #include "launchers.h"
 
@@ -69,7 +70,18 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   const bool fp32 = p.dtype == DType::kFloat32;
   const bool fast_supported = fp32 ? flash_fwd_f32_supported(p) : flash_fwd_supported(p);
   if (use_fast(impl, fast_supported, s, q.scalar_type(), "forward")) {
-    fp32 ? flash_fwd_f32(p, stream) : flash_fwd(p, stream);
+    if (fp32) {
+      flash_fwd_f32(p, stream);
+    } else if (flash_fwd_wants_aligned_kv(p)) {
+      // The copies are freed after the launch; the allocator reuses them in stream order.
+      const auto [k_rows, v_rows] = aligned_kv_copy(k, v, stream);
+      FwdParams aligned = p;
+      aligned.k = strided(k_rows);
+      aligned.v = strided(v_rows);
+      flash_fwd(aligned, stream);
+    } else {
+      flash_fwd(p, stream);
+    }
   } else {
     reference_fwd(p, stream);
   }

@@ -18,37 +18,73 @@ namespace {
 
 using Launcher = void (*)(const FwdParams&, cudaStream_t);
 
+// Channel-first K / V rows start at multiples of N elements; at N % 8 != 0 that limits the
+// wgmma kernel's copies of K and V (every CTA streams all of them) to 8, 4 or 2 bytes. Where
+// they would be 2 bytes wide (odd N) or 4 (N % 4 == 2), and from these many tokens on, the
+// caller copies K and V to 16-byte aligned rows first (flash_fwd_wants_aligned_kv).
+// PSA_FA2_ALIGNED_KV_MIN_SEQLEN overrides both (experiments, bench/tune/tune_sm90.sh fwd).
+#if defined(PSA_FA2_ALIGNED_KV_MIN_SEQLEN)
+constexpr int64_t kAlignedKVMinSeqlen2 = PSA_FA2_ALIGNED_KV_MIN_SEQLEN;
+constexpr int64_t kAlignedKVMinSeqlen4 = PSA_FA2_ALIGNED_KV_MIN_SEQLEN;
+#else
+constexpr int64_t kAlignedKVMinSeqlen2 = 400;
+constexpr int64_t kAlignedKVMinSeqlen4 = 6400;
+#endif
+
 // X(...) of the instances headers: the launcher of one instantiation, if it matches.
 #define PSA_FA2_MATCH(dt, dk, dv, lay, vec)                                         \
   if (p.dtype == DType::dt && p.head_dim_qk == dk && p.head_dim_v == dv &&          \
       p.layout == Layout::lay && vec_bytes == vec)                                  \
-    return &PSA_FA2_LAUNCHER<DType::dt, dk, dv, Layout::lay, vec>;
+    return &launch_flash_fwd<DType::dt, dk, dv, Layout::lay, vec>;
 
 Launcher find_launcher(const FwdParams& p, int vec_bytes) {
-#define PSA_FA2_LAUNCHER launch_flash_fwd
   PSA_FA2_FLASH_FWD_INSTANCES(PSA_FA2_MATCH)
-#undef PSA_FA2_LAUNCHER
-  return nullptr;
-}
-
-Launcher find_sm90_launcher(const FwdParams& p, int vec_bytes) {
-#define PSA_FA2_LAUNCHER launch_flash_fwd_sm90
-  PSA_FA2_FLASH_FWD_SM90_INSTANCES(PSA_FA2_MATCH)
-#undef PSA_FA2_LAUNCHER
   return nullptr;
 }
 
 #undef PSA_FA2_MATCH
 
+#define PSA_FA2_MATCH(dt, dk, dv, lay, vec, kv_vec)                                 \
+  if (p.dtype == DType::dt && p.head_dim_qk == dk && p.head_dim_v == dv &&          \
+      p.layout == Layout::lay && vec_bytes == vec && kv_bytes == kv_vec)            \
+    return &launch_flash_fwd_sm90<DType::dt, dk, dv, Layout::lay, vec, kv_vec>;
+
+Launcher find_sm90_launcher(const FwdParams& p, int vec_bytes, int kv_bytes) {
+  PSA_FA2_FLASH_FWD_SM90_INSTANCES(PSA_FA2_MATCH)
+  return nullptr;
+}
+
+#undef PSA_FA2_MATCH
+
+// The widest access widths (16, 8, 4 or 2 bytes: 8, 4, 2 or 1 elements) that Q and out, and
+// K and V, allow.
+struct Widths {
+  int q_out, kv;
+  int common() const { return q_out < kv ? q_out : kv; }
+};
+
+Widths widths(const FwdParams& p) {
+  using fwd_dispatch::vec_bytes;
+  const int q = vec_bytes(p.q, p, p.head_dim_qk, 2, {16, 8, 4, 2});
+  const int o = vec_bytes(p.out, p, p.head_dim_v, 2, {16, 8, 4, 2});
+  const int k = vec_bytes(p.k, p, p.head_dim_qk, 2, {16, 8, 4, 2});
+  const int v = vec_bytes(p.v, p, p.head_dim_v, 2, {16, 8, 4, 2});
+  return {q < o ? q : o, k < v ? k : v};
+}
+
 Launcher select(const FwdParams& p) {
   if (!fwd_dispatch::params_ok(p)) return nullptr;
-  // 16, 8, 4 or 2 bytes: 8, 4, 2 or 1 elements.
-  const int vec = fwd_dispatch::common_vec_bytes(p, 2, {16, 8, 4, 2});
+  const Widths w = widths(p);
+  const int vec = w.common();
   // Token-major instantiations exist for 16-byte rows only; channel-first for every width >= 2
   // (16: "cf"; 8, 4 and 2: "cfu", see generate_flash_fwd.py).
   if (!(vec == 16 || (p.layout == Layout::kChannelFirst && vec >= 2))) return nullptr;
   if (sm90_kernels_enabled()) {
-    if (Launcher launch = find_sm90_launcher(p, vec)) return launch;
+    // K and V on 16-byte rows, Q or out not: "cfs".
+    if (w.kv == 16 && w.q_out < 16) {
+      if (Launcher launch = find_sm90_launcher(p, w.q_out, 16)) return launch;
+    }
+    if (Launcher launch = find_sm90_launcher(p, vec, vec)) return launch;
   }
   return find_launcher(p, vec);
 }
@@ -56,6 +92,15 @@ Launcher select(const FwdParams& p) {
 }  // namespace
 
 bool flash_fwd_supported(const FwdParams& p) { return select(p) != nullptr; }
+
+bool flash_fwd_wants_aligned_kv(const FwdParams& p) {
+  if (!fwd_dispatch::params_ok(p) || p.layout != Layout::kChannelFirst || !sm90_kernels_enabled())
+    return false;
+  const Widths w = widths(p);
+  const bool long_enough = (w.kv == 2 && p.seqlen >= kAlignedKVMinSeqlen2) ||
+                           (w.kv == 4 && p.seqlen >= kAlignedKVMinSeqlen4);
+  return long_enough && w.q_out >= 2 && find_sm90_launcher(p, w.q_out, 16) != nullptr;
+}
 
 void flash_fwd(const FwdParams& p, cudaStream_t stream) {
   if (Launcher launch = select(p)) launch(p, stream);

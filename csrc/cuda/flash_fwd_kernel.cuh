@@ -351,20 +351,21 @@ using CopierFor = std::conditional_t<(kVecBytes >= 4),
                                      TileScalarCopier<Tile>>;
 
 // The global side of one CTA's Q / K / V tiles: the (batch, head)'s base pointers, the stride
-// between tile rows (d channel-first, tokens token-major) and the copiers of Tr's tiles.
-template <class Tr, int kVecBytes>
+// between tile rows (d channel-first, tokens token-major) and the copiers of Tr's tiles, Q's of
+// kVecBytes-wide vectors and K's and V's of kKVVecBytes.
+template <class Tr, int kVecBytes, int kKVVecBytes = kVecBytes>
 struct TileSources {
   static constexpr bool kCF = Tr::kCF;
-  template <class Tile>
-  using Copier = CopierFor<Tile, kCF, kVecBytes>;
+  template <class Tile, int kBytes>
+  using Copier = CopierFor<Tile, kCF, kBytes>;
 
   const uint16_t* q;  // token 0 of the head
   const uint16_t* k;
   const uint16_t* v;
   int64_t q_rs, k_rs, v_rs;  // between tile rows, elements
-  Copier<typename Tr::QTile> q_copier;
-  Copier<typename Tr::KTile> k_copier;
-  Copier<typename Tr::VTile> v_copier;
+  Copier<typename Tr::QTile, kVecBytes> q_copier;
+  Copier<typename Tr::KTile, kKVVecBytes> k_copier;
+  Copier<typename Tr::VTile, kKVVecBytes> v_copier;
 
   __device__ __forceinline__ TileSources(const FwdParams& p, int b, int h, int tid)
       : q(head(p.q, b, h)),

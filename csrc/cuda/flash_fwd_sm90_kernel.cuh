@@ -50,7 +50,10 @@
 namespace psa_fa2 {
 namespace flash_fwd_detail {
 
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
+// kVecBytes: the access width of Q and out; kKVVecBytes: of K and V, which every CTA streams.
+// They differ where the dispatch's caller has copied K and V to 16-byte aligned rows
+// (attention_cuda.cpp) and left the others as they came.
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes>
 struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   using Base = FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
   static constexpr bool kCF = Base::kCF;
@@ -90,23 +93,24 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   using VOperand = wgmma::OperandB<VTile, kCF>;
   static_assert(KOperand::kNExtent == kTileN && VOperand::kNExtent == kDv,
                 "each wgmma reads whole tiles: n = 64 keys for S, n = dv for O");
+  static_assert(kKVVecBytes == kVecBytes || kKVVecBytes == 16, "K / V as Q, or 16-byte rows");
   // Resident CTAs per SM (__launch_bounds__): 4 (<= 128 registers; left at 3, ptxas spends
   // about 133, which is 3 CTAs per SM; at 4 it uses 118-126, no spills). The 2-byte loads of
-  // odd N (32 in flight) and two tiles per step need 2 to stay free of spills.
+  // K and V at odd N (32 in flight) and two tiles per step need 2 to stay free of spills.
   // PSA_FA2_SM90_MIN_BLOCKS overrides it (experiments).
 #if defined(PSA_FA2_SM90_MIN_BLOCKS)
   static constexpr int kMinBlocks = PSA_FA2_SM90_MIN_BLOCKS;
 #else
-  static constexpr int kMinBlocks = kSubTiles == 1 && kVecBytes != 2 ? 4 : 2;
+  static constexpr int kMinBlocks = kSubTiles == 1 && kKVVecBytes != 2 ? 4 : 2;
 #endif
 };
 
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
-__global__ void __launch_bounds__(kThreads,
-                                  Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>::kMinBlocks)
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes>
+__global__ void __launch_bounds__(
+    kThreads, Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes>::kMinBlocks)
     flash_fwd_sm90_kernel(const FwdParams params, const float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
+  using Tr = Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes>;
   using QTile = typename Tr::QTile;
   using KTile = typename Tr::KTile;
   using VTile = typename Tr::VTile;
@@ -145,7 +149,7 @@ __global__ void __launch_bounds__(kThreads,
   const int m0 = blockIdx.x * kBlockM;
 
   const int n_tiles = (N + kBlockN - 1) / kBlockN;
-  const TileSources<Tr, kVecBytes> src(params, b, h, tid);
+  const TileSources<Tr, kVecBytes, kKVVecBytes> src(params, b, h, tid);
   // Step j's keys into stage j % 2; the range checks only where the step reaches N.
   auto copy_tiles = [&](const auto& copier, uint32_t stage, int tile_bytes, const uint16_t* head,
                         int64_t rs, int j) {
@@ -348,11 +352,12 @@ __global__ void __launch_bounds__(kThreads,
 
 // Explicitly instantiated in the generated flash_fwd_sm90_*.cu files, declared in
 // flash_fwd_sm90_instances.h.
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes>
 void launch_flash_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   using namespace flash_fwd_detail;
-  launch_row_tiles<Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>,
-                   flash_fwd_sm90_kernel<kDtype, kDk, kDv, kLayout, kVecBytes>>(params, stream);
+  launch_row_tiles<Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes>,
+                   flash_fwd_sm90_kernel<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes>>(
+      params, stream);
 }
 
 }  // namespace psa_fa2

@@ -18,6 +18,22 @@ void reference_bwd(const BwdParams& params, cudaStream_t stream);
 // nothing, when no fast instantiation covers params (dtype, head dims, layout).
 bool flash_fwd_supported(const FwdParams& params);
 void flash_fwd(const FwdParams& params, cudaStream_t stream);
+// Whether flash_fwd would run a faster kernel on params with K and V copied to rows that
+// start at 16-byte multiples (channel-first, long sequences whose rows do not).
+bool flash_fwd_wants_aligned_kv(const FwdParams& params);
+
+// Rows of cols 2-byte elements, (b, h, channel) at src + b * src_stride_b + h * src_stride_h +
+// channel * src_stride_c, copied to dst + ((b * heads + h) * dst_channels + dst_channel0 +
+// channel) * dst_stride_c, whose rows start at 16-byte multiples (dst 16-byte aligned,
+// dst_stride_c a multiple of 8); dst's elements from cols to the next multiple of 8 become 0.
+struct RowCopy {
+  const void* src;
+  int64_t src_stride_b, src_stride_h, src_stride_c;
+  void* dst;
+  int64_t dst_stride_c, dst_channels, dst_channel0;
+  int64_t batch, heads, channels, cols;
+};
+void copy_rows(const RowCopy& copy, cudaStream_t stream);
 
 // Fast float32 forward (FlashAttention-2 tiling on FFMA, exact fp32 arithmetic); the same
 // contract as flash_fwd_supported / flash_fwd.
