@@ -21,7 +21,10 @@ using Launcher = void (*)(const FwdParams&, cudaStream_t);
 // Channel-first K / V rows start at multiples of N elements; at N % 8 != 0 that limits the
 // wgmma kernel's copies of K and V (every CTA streams all of them) to 8, 4 or 2 bytes. Where
 // they would be 2 bytes wide (odd N) or 4 (N % 4 == 2), and from these many tokens on, the
-// caller copies K and V to 16-byte aligned rows first (flash_fwd_wants_aligned_kv).
+// caller copies K and V to 16-byte aligned rows first (flash_fwd_wants_aligned_kv). On the
+// H200 (bench/results/h200-2026-12-01-b51abfa/aligned_kv_ab.md, copies included) that was
+// 1.4-2.1x faster at odd N from 441 tokens, 1.04-1.09x at N % 4 == 2 from 6402, and slower at
+// N % 4 == 2 below (402, 1602) and at N % 8 == 4 (8-byte rows), which keep their copies.
 // PSA_FA2_ALIGNED_KV_MIN_SEQLEN overrides both (experiments, bench/tune/tune_sm90.sh fwd).
 #if defined(PSA_FA2_ALIGNED_KV_MIN_SEQLEN)
 constexpr int64_t kAlignedKVMinSeqlen2 = PSA_FA2_ALIGNED_KV_MIN_SEQLEN;
@@ -77,7 +80,7 @@ Launcher select(const FwdParams& p) {
   const Widths w = widths(p);
   const int vec = w.common();
   // Token-major instantiations exist for 16-byte rows only; channel-first for every width >= 2
-  // (16: "cf"; 8, 4 and 2: "cfu", see generate_flash_fwd.py).
+  // (16: "cf"; 8, 4 and 2: "cfu"; on Hopper also "cfs", see generate_flash_fwd.py).
   if (!(vec == 16 || (p.layout == Layout::kChannelFirst && vec >= 2))) return nullptr;
   if (sm90_kernels_enabled()) {
     // K and V on 16-byte rows, Q or out not: "cfs".

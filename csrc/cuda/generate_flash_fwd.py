@@ -35,8 +35,8 @@ LAYOUTS = {
 # The wgmma kernel's products are m64n64k16: dv = 64. (32, 64) is what the YOLO blocks use.
 SM90_HEAD_DIMS = [(32, 64)]
 # Its widths are pairs (kVecBytes of Q and out, kKVVecBytes of K and V). "cfs" is "cfu" with K
-# and V copied to 16-byte aligned rows first, where that pays (4- and 2-byte rows: even and odd
-# N % 8 != 4; flash_fwd_dispatch.cu says what was measured).
+# and V copied to 16-byte aligned rows first, where that pays: rows that allow only 4-byte
+# (N % 4 == 2) or 2-byte accesses (odd N); flash_fwd_dispatch.cu says what was measured.
 SM90_LAYOUTS = {
     "tm": ("kTokenMajor", ((16, 16),)),
     "cf": ("kChannelFirst", ((16, 16),)),
@@ -54,10 +54,15 @@ def files(prefix, head_dims, layouts):
                 yield f"{prefix}_{dname}_{dk}x{dv}_{lname}.cu", dtype, dk, dv, layout, widths
 
 
+def as_tuple(vec):
+    """One width (mma.sync kernel) or a pair of them (wgmma kernel) as template arguments."""
+    return vec if isinstance(vec, tuple) else (vec,)
+
+
 def instances(prefix, head_dims, layouts):
     for _, dtype, dk, dv, layout, widths in files(prefix, head_dims, layouts):
         for vec in widths:
-            yield (dtype, dk, dv, layout) + (vec if isinstance(vec, tuple) else (vec,))
+            yield (dtype, dk, dv, layout) + as_tuple(vec)
 
 
 def targs(dtype, dk, dv, layout, *vecs):
@@ -69,8 +74,7 @@ def write_kernel(prefix, header, launcher, head_dims, layouts, what, macro, widt
     """The units of one kernel and its instances header; returns the names written."""
     written = []
     for name, dtype, dk, dv, layout, widths in files(prefix, head_dims, layouts):
-        targs_list = [targs(dtype, dk, dv, layout, *(vec if isinstance(vec, tuple) else (vec,)))
-                      for vec in widths]
+        targs_list = [targs(dtype, dk, dv, layout, *as_tuple(vec)) for vec in widths]
         (HERE / name).write_text(instantiation_unit(BANNER, header, launcher, targs_list))
         written.append(name)
     insts = list(instances(prefix, head_dims, layouts))
