@@ -67,11 +67,11 @@ struct Widths {
 };
 
 Widths widths(const FwdParams& p) {
-  using fwd_dispatch::vec_bytes;
-  const int q = vec_bytes(p.q, p, p.head_dim_qk, 2, {16, 8, 4, 2});
-  const int o = vec_bytes(p.out, p, p.head_dim_v, 2, {16, 8, 4, 2});
-  const int k = vec_bytes(p.k, p, p.head_dim_qk, 2, {16, 8, 4, 2});
-  const int v = vec_bytes(p.v, p, p.head_dim_v, 2, {16, 8, 4, 2});
+  auto width = [&p](const Strided4& s, int head_dim) {
+    return fwd_dispatch::vec_bytes(s, p, head_dim, 2, {16, 8, 4, 2});
+  };
+  const int q = width(p.q, p.head_dim_qk), o = width(p.out, p.head_dim_v);
+  const int k = width(p.k, p.head_dim_qk), v = width(p.v, p.head_dim_v);
   return {q < o ? q : o, k < v ? k : v};
 }
 

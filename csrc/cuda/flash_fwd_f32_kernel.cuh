@@ -18,7 +18,8 @@
 // except that the TF32 path keeps channel-first V as [dv][kBlockN] (F32Traits::kVByChannel).
 // A tile whose unit-stride global dimension is the smem row (channel-first Q/K, token-major V) is
 // copied with cp.async of kVecBytes = 16 or 4 (the dispatch picks it from the real alignment);
-// the others (token-major Q/K, channel-first V) are transposed on the fly with 4-byte cp.async.
+// the others (token-major Q/K, and channel-first V in the exact path) are transposed on the fly
+// with 4-byte cp.async.
 // Either way a tile is < 1% of the instructions of its arithmetic.
 //
 // FFMA micro-tiles (exact path): lane = 4 * tx + ty (tx = 0..7, ty = 0..3). A thread owns rows

@@ -6,7 +6,8 @@
 One .cu per (dtype, dk, dv, layout variant), so the instantiations compile in parallel and a
 change to one head-dim list entry rebuilds only what it must, plus flash_fwd_instances.h, which
 declares them and lists them for the dispatch in flash_fwd_dispatch.cu. A variant file holds one
-instantiation per global access width (kVecBytes) it covers.
+instantiation per global access width (kVecBytes; for the wgmma kernel a pair, Q / out and
+K / V) it covers.
 
 Run from anywhere:  python csrc/cuda/generate_flash_fwd.py
 The generated files are committed; rerun after editing HEAD_DIMS / DTYPES / LAYOUTS.
