@@ -14,8 +14,8 @@ torch.manual_seed(0)
 for disable_sm90, layout in itertools.product(("0", "1"), ("channel_first", "token_major")):
     os.environ["PSA_FA2_DISABLE_SM90"] = disable_sm90
     # 2-, 16-, 4- and 8-byte channel-first copies; at 401 the wgmma forward copies K and V to
-    # aligned rows first (copy_rows.cu).
-    for N in (97, 400, 402, 1004, 401):
+    # aligned rows first (copy_rows.cu), at 1601 the wgmma backward Q and dO too.
+    for N in (97, 400, 402, 1004, 401, 1601):
         for impl, deterministic in (("fast", False), ("fast", True), ("reference", False)):
             B, H, dk, dv = 1, 2, 32, 64
             if layout == "channel_first":

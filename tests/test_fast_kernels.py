@@ -126,29 +126,82 @@ def test_environment_selects_the_hopper_kernels(layout, monkeypatch):
     assert "flash_bwd_sm90_kernel" not in deterministic and "bwd_combined_kernel" in deterministic
 
 
-@pytest.mark.parametrize("N,vec", [(441, 2), (8193, 2), (6402, 4), (8194, 4)],
-                         ids=["441-2B", "8193-2B", "6402-4B", "8194-4B"])
+# (N, width of the views' rows in bytes) where the Hopper kernels' callers copy the streamed
+# tensors to 128-byte aligned rows first (flash_fwd_dispatch.cu, flash_bwd_dispatch.cu), and
+# below those thresholds, where they do not.
+FWD_ALIGNED_COPY_CASES = [(441, 2), (8193, 2), (1602, 4), (8194, 4), (6404, 8), (1608, 16)]
+BWD_ALIGNED_COPY_CASES = [(1601, 2), (6402, 4), (6404, 8), (6408, 16)]
+FWD_NO_COPY_CASES = [(400, 16), (402, 4), (1604, 8)]
+BWD_NO_COPY_CASES = [(441, 2), (1602, 4), (1608, 16)]
+
+
+def case_ids(cases):
+    return [f"{n}-{w}B" for n, w in cases]
+
+
+@pytest.mark.parametrize("N,vec", FWD_ALIGNED_COPY_CASES, ids=case_ids(FWD_ALIGNED_COPY_CASES))
 @pytest.mark.parametrize("views", ["split", "separate"])
 @dtypes
 def test_forward_wgmma_copies_kv_to_aligned_rows(N, vec, views, dtype):
-    """Channel-first K and V whose rows would allow only 2-byte (odd N, from 400 tokens on)
-    or 4-byte accesses (N % 4 == 2, from 6400 on) are copied to rows that start at 16-byte
-    multiples, in one copy for the block's split views and two for separate tensors, and the
-    wgmma kernel with 16-byte K / V copies runs ("cfs"; Q and out keep their vec-byte
-    accesses). Its output and lse against float64."""
+    """Channel-first K and V on narrow or misaligned rows are copied to 128-byte aligned
+    rows, in one copy for the block's split views and two for separate tensors, and the wgmma
+    kernel with 16-byte K / V copies runs ("cfs"; Q and out keep their vec-byte accesses). Its
+    output and lse against float64."""
     if not on_hopper():
         pytest.skip("the aligned K / V copies feed the wgmma kernel (Hopper) only")
     _, q, k, v = make_qkv(1, 2, N, 32, 64, dtype, "cuda", "channel_first")
     if views == "separate":
         k, v = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in (k, v))
     scale = 32 ** -0.5
-    names = " ".join(cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")))
-    assert re.search(rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 16>", names), names
+    names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
+    copies = [n for n in names if "copy_rows_kernel" in n]
+    assert len(copies) == 1, names
+    joined = " ".join(names)
+    assert re.search(rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 16>", joined), joined
     poison_cuda_allocator(4 * q.numel() * 8, "cuda")
     out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
     ref64, eager = forward_reference(q, k, v, scale)
     assert_close_to_reference("out", out, ref64, eager, dtype)
     assert_lse_close(lse, q, k, scale)
+
+
+@pytest.mark.parametrize("N,vec", BWD_ALIGNED_COPY_CASES, ids=case_ids(BWD_ALIGNED_COPY_CASES))
+@dtypes
+def test_backward_wgmma_copies_q_dout_to_aligned_rows(N, vec, dtype):
+    """The backward's streamed Q and dO, on narrow or misaligned rows, are copied to 128-byte
+    aligned rows, and the wgmma kernel with 16-byte Q / dO copies runs ("cfs": K, V and the
+    gradients keep their vec-byte accesses). Its gradients against float64, accumulate and
+    overwrite, NaN-filled outputs."""
+    if not on_hopper():
+        pytest.skip("the aligned Q / dO copies feed the wgmma backward (Hopper) only")
+    _, q, k, v = make_qkv(1, 2, N, 32, 64, dtype, "cuda", "channel_first")
+    names = cuda_kernels_run(fast_backward((q, k, v), False))
+    assert any("copy_rows_kernel" in n for n in names), names
+    joined = " ".join(names)
+    assert re.search(rf"flash_bwd_sm90_kernel<[^>]*, {vec}, 16>", joined), joined
+    check_backward("cuda", "fast", N, 32, 64, dtype, "channel_first", heads=(1, 2))
+
+
+@pytest.mark.parametrize("N,vec", FWD_NO_COPY_CASES, ids=case_ids(FWD_NO_COPY_CASES))
+def test_forward_wgmma_keeps_short_rows_as_given(N, vec):
+    """Below the thresholds the forward reads the views as they are: no copy."""
+    if not on_hopper():
+        pytest.skip("the aligned copies feed the wgmma kernels (Hopper) only")
+    _, q, k, v = make_qkv(1, 2, N, 32, 64, torch.bfloat16, "cuda", "channel_first")
+    names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast"))
+    assert not any("copy_rows_kernel" in n for n in names), names
+    assert re.search(rf"flash_fwd_sm90_kernel<[^>]*, {vec}, {vec}>", " ".join(names)), names
+
+
+@pytest.mark.parametrize("N,vec", BWD_NO_COPY_CASES, ids=case_ids(BWD_NO_COPY_CASES))
+def test_backward_wgmma_keeps_short_rows_as_given(N, vec):
+    """Below the thresholds the backward reads Q and dO as they are: no copy."""
+    if not on_hopper():
+        pytest.skip("the aligned copies feed the wgmma kernels (Hopper) only")
+    _, q, k, v = make_qkv(1, 2, N, 32, 64, torch.bfloat16, "cuda", "channel_first")
+    names = cuda_kernels_run(fast_backward((q, k, v), False))
+    assert not any("copy_rows_kernel" in n for n in names), names
+    assert re.search(rf"flash_bwd_sm90_kernel<[^>]*, {vec}, {vec}>", " ".join(names)), names
 
 
 @pytest.mark.parametrize("N", FAST_SEQLENS)

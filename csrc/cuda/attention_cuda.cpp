@@ -119,7 +119,18 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
     at::Tensor workspace =
         at::empty({static_cast<int64_t>(flash_bwd_workspace_bytes(p))}, q.options().dtype(at::kByte));
     p.workspace = workspace.data_ptr();
-    flash_bwd(p, stream);
+    if (flash_bwd_wants_aligned_stream(p)) {
+      // Q and dO on aligned rows; the copies are freed after the launch, in stream order.
+      const std::vector<at::Tensor> rows =
+          aligned_rows_copy({{q, s.head_dim_qk}, {dout, s.head_dim_v}},
+                            {s.head_dim_qk, s.head_dim_v}, stream);
+      BwdParams aligned = p;
+      aligned.q = strided(rows[0]);
+      aligned.dout = strided(rows[1]);
+      flash_bwd(aligned, stream);
+    } else {
+      flash_bwd(p, stream);
+    }
   } else {
     // The reference kernel's dq / dk atomics add one finished value per element to what is
     // there, so its result does not depend on their order: deterministic as it stands.

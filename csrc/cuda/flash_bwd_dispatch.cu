@@ -44,17 +44,25 @@ const Instance* find(const BwdParams& p) {
 
 using Sm90Fn = void (*)(const BwdParams&, cudaStream_t);
 
-// The Hopper kernel for schedule (a), if it may run and covers p.
-Sm90Fn find_sm90(const BwdParams& p) {
+// The Hopper kernel for schedule (a) at these copy widths, if it may run and covers p.
+Sm90Fn find_sm90_with(const BwdParams& p, int vec, int stream_vec) {
   if (!sm90_kernels_enabled()) return nullptr;
-  const int vec = p.layout == Layout::kTokenMajor ? 16 : fbwd::channel_first_granularity(p);
-#define PSA_FA2_MATCH(dt, dk, dv, lay, width)                                              \
+#define PSA_FA2_MATCH(dt, dk, dv, lay, width, stream_width)                                \
   if (p.dtype == DType::dt && p.head_dim_qk == dk && p.head_dim_v == dv &&                 \
-      p.layout == Layout::lay && vec == width)                                             \
-    return &flash_bwd_sm90_instance<DType::dt, dk, dv, Layout::lay, width>;
+      p.layout == Layout::lay && vec == width && stream_vec == stream_width)               \
+    return &flash_bwd_sm90_instance<DType::dt, dk, dv, Layout::lay, width, stream_width>;
   PSA_FA2_BWD_SM90_INSTANCES(PSA_FA2_MATCH)
 #undef PSA_FA2_MATCH
   return nullptr;
+}
+
+// The same at p's widths: Q and dO at their own where an instantiation has it ("cfs"), else at
+// the common one.
+Sm90Fn find_sm90(const BwdParams& p) {
+  if (p.layout == Layout::kTokenMajor) return find_sm90_with(p, 16, 16);
+  const int vec = fbwd::channel_first_granularity(p);
+  if (Sm90Fn run = find_sm90_with(p, vec, fbwd::stream_granularity(p))) return run;
+  return find_sm90_with(p, vec, vec);
 }
 
 BwdSchedule resolve(const BwdParams& p, BwdSchedule s) {
@@ -114,6 +122,42 @@ void flash_bwd_with(const BwdParams& p, BwdSchedule schedule, cudaStream_t strea
     if (Sm90Fn run = find_sm90(p)) return run(p, stream);
   }
   in->run(p, resolved, stream);
+}
+
+// Channel-first Q and dO rows start at multiples of N elements: at N % 8 != 0 that limits the
+// wgmma backward's copies of them (every CTA streams all of them) to 8, 4 or 2 bytes, and at
+// N % 64 != 0 their 64-row tiles straddle 128-byte lines. From these many tokens on (per row
+// width; 16: rows 16-byte aligned but not 128), the caller copies Q and dO to 128-byte aligned
+// rows first (flash_bwd_wants_aligned_stream, attention_cuda.cpp); K, V and the rest keep
+// their width ("cfs" instantiations). Measured on the H200 as the forward's copies
+// (flash_fwd_dispatch.cu), gain with the copies:
+//   2-byte rows (odd N):    0.98x at 401, 1.31x at 1601, 1.42x at 6401, 1.41x at 62499;
+//   4-byte (N % 4 == 2):    0.89x at 402, 1.01x at 1602, 1.06x at 6402;
+//   8-byte (N % 8 == 4):    0.87x at 404, 0.99x at 1604, 1.03x at 6404, 1.06x at 62500;
+//   16-byte, not 128:       0.81x at 400, 0.99x at 1608, 1.05x at 6408, 1.06x at 62504.
+// PSA_FA2_ALIGNED_STREAM_MIN_SEQLEN overrides all four (experiments);
+// PSA_FA2_DISABLE_ALIGNED_COPIES=1 turns the copies off at run time (sm90_device.h).
+#if defined(PSA_FA2_ALIGNED_STREAM_MIN_SEQLEN)
+constexpr int64_t kAlignedStreamMinSeqlen[4] = {
+    PSA_FA2_ALIGNED_STREAM_MIN_SEQLEN, PSA_FA2_ALIGNED_STREAM_MIN_SEQLEN,
+    PSA_FA2_ALIGNED_STREAM_MIN_SEQLEN, PSA_FA2_ALIGNED_STREAM_MIN_SEQLEN};
+#else
+constexpr int64_t kAlignedStreamMinSeqlen[4] = {1600, 6400, 6400, 6400};  // 2, 4, 8, 16-byte rows
+#endif
+
+bool flash_bwd_wants_aligned_stream(const BwdParams& p) {
+  if (p.layout != Layout::kChannelFirst || !aligned_row_copies_enabled() ||
+      !flash_bwd_supported(p) || resolve(p, BwdSchedule::kAuto) != BwdSchedule::kAtomicDQ ||
+      find_sm90(p) == nullptr)
+    return false;
+  const int stream = fbwd::stream_granularity(p);
+  const Strided4* const streamed[] = {&p.q, &p.dout};
+  if (stream == 16 && fbwd::granularity_of(p, streamed, 128) == 128) return false;
+  const int width_index = stream == 2 ? 0 : stream == 4 ? 1 : stream == 8 ? 2 : 3;
+  if (p.seqlen < kAlignedStreamMinSeqlen[width_index]) return false;
+  // The others keep their width, Q and dO become 16-byte: that instantiation must exist.
+  const Strided4* const others[] = {&p.k, &p.v, &p.out, &p.dq, &p.dk, &p.dv};
+  return find_sm90_with(p, fbwd::granularity_of(p, others), 16) != nullptr;
 }
 
 bool flash_bwd_supported(const BwdParams& p) {

@@ -2,10 +2,10 @@
 #include "flash_bwd_sm90_kernel.cuh"
 
 namespace psa_fa2 {
-template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8>(
+template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, 8>(
     const BwdParams&, cudaStream_t);
-template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4>(
+template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, 4>(
     const BwdParams&, cudaStream_t);
-template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2>(
+template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 2>(
     const BwdParams&, cudaStream_t);
 }  // namespace psa_fa2

@@ -2,6 +2,6 @@
 #include "flash_bwd_sm90_kernel.cuh"
 
 namespace psa_fa2 {
-template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kTokenMajor, 16>(
+template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kTokenMajor, 16, 16>(
     const BwdParams&, cudaStream_t);
 }  // namespace psa_fa2

@@ -10,42 +10,61 @@ namespace psa_fa2 {
 
 // Schedule (a) on wgmma: the preprocess, the kernel and the dQ conversion, on the workspace of
 // flash_bwd_instance_workspace(..., BwdSchedule::kAtomicDQ). kVecBytes: the global copy width
-// (fbwd::channel_first_granularity; 16 token-major).
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
+// (fbwd::channel_first_granularity; 16 token-major); kStreamVecBytes: that of Q and dO
+// (fbwd::stream_granularity), which the caller may have copied to aligned rows.
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kStreamVecBytes>
 void flash_bwd_sm90_instance(const BwdParams& params, cudaStream_t stream);
 
-extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kTokenMajor, 16>(
+extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kTokenMajor, 16, 16>(
     const BwdParams&, cudaStream_t);
-extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16>(
+extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16, 16>(
     const BwdParams&, cudaStream_t);
-extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8>(
+extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, 8>(
     const BwdParams&, cudaStream_t);
-extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4>(
+extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, 4>(
     const BwdParams&, cudaStream_t);
-extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2>(
+extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 2>(
     const BwdParams&, cudaStream_t);
-extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kTokenMajor, 16>(
+extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, 16>(
     const BwdParams&, cudaStream_t);
-extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16>(
+extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, 16>(
     const BwdParams&, cudaStream_t);
-extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8>(
+extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 16>(
     const BwdParams&, cudaStream_t);
-extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4>(
+extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kTokenMajor, 16, 16>(
     const BwdParams&, cudaStream_t);
-extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2>(
+extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, 16>(
+    const BwdParams&, cudaStream_t);
+extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 8>(
+    const BwdParams&, cudaStream_t);
+extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 4>(
+    const BwdParams&, cudaStream_t);
+extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 2>(
+    const BwdParams&, cudaStream_t);
+extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 16>(
+    const BwdParams&, cudaStream_t);
+extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 16>(
+    const BwdParams&, cudaStream_t);
+extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 16>(
     const BwdParams&, cudaStream_t);
 
 }  // namespace psa_fa2
 
-// X(dtype, dk, dv, layout, copy width) for every instantiation above.
+// X(dtype, dk, dv, layout, copy width, stream copy width) for every instantiation above.
 #define PSA_FA2_BWD_SM90_INSTANCES(X) \
-  X(kBFloat16, 32, 64, kTokenMajor, 16) \
-  X(kBFloat16, 32, 64, kChannelFirst, 16) \
-  X(kBFloat16, 32, 64, kChannelFirst, 8) \
-  X(kBFloat16, 32, 64, kChannelFirst, 4) \
-  X(kBFloat16, 32, 64, kChannelFirst, 2) \
-  X(kFloat16, 32, 64, kTokenMajor, 16) \
-  X(kFloat16, 32, 64, kChannelFirst, 16) \
-  X(kFloat16, 32, 64, kChannelFirst, 8) \
-  X(kFloat16, 32, 64, kChannelFirst, 4) \
-  X(kFloat16, 32, 64, kChannelFirst, 2)
+  X(kBFloat16, 32, 64, kTokenMajor, 16, 16) \
+  X(kBFloat16, 32, 64, kChannelFirst, 16, 16) \
+  X(kBFloat16, 32, 64, kChannelFirst, 8, 8) \
+  X(kBFloat16, 32, 64, kChannelFirst, 4, 4) \
+  X(kBFloat16, 32, 64, kChannelFirst, 2, 2) \
+  X(kBFloat16, 32, 64, kChannelFirst, 8, 16) \
+  X(kBFloat16, 32, 64, kChannelFirst, 4, 16) \
+  X(kBFloat16, 32, 64, kChannelFirst, 2, 16) \
+  X(kFloat16, 32, 64, kTokenMajor, 16, 16) \
+  X(kFloat16, 32, 64, kChannelFirst, 16, 16) \
+  X(kFloat16, 32, 64, kChannelFirst, 8, 8) \
+  X(kFloat16, 32, 64, kChannelFirst, 4, 4) \
+  X(kFloat16, 32, 64, kChannelFirst, 2, 2) \
+  X(kFloat16, 32, 64, kChannelFirst, 8, 16) \
+  X(kFloat16, 32, 64, kChannelFirst, 4, 16) \
+  X(kFloat16, 32, 64, kChannelFirst, 2, 16)

@@ -110,7 +110,9 @@ __device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
                : "memory");
 }
 
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
+// kVecBytes: the global copy width of K and V; kStreamVecBytes: of the streamed Q and dO, 16 where
+// the caller has copied them to 128-byte aligned rows (attention_cuda.cpp).
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kStreamVecBytes>
 struct Sm90BwdTraits {
   // The preprocess, dQ conversion and epilogue kernels, and the workspace layout.
   using C = fbwd::Config<kDtype, kDk, kDv, kLayout>;
@@ -173,13 +175,13 @@ struct Sm90BwdTraits {
                 "each wgmma reads whole tiles");
 };
 
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
-__global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>::kThreads,
-                                  1)
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kStreamVecBytes>
+__global__ void __launch_bounds__(
+    Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kStreamVecBytes>::kThreads, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, float* ws, int n_pad, int gran,
                           const BwdTailSplit split) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
+  using Tr = Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kStreamVecBytes>;
   using C = typename Tr::C;
   using KTile = typename Tr::KTile;
   using VTile = typename Tr::VTile;
@@ -262,7 +264,7 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
     const int str0 = it * kBlockM;
     const int stage = (it - it_begin) % Tr::kStages;
     if (it < it_end && wg == 0) {
-      const ffwd::CopierFor<QTile, kCF, kVecBytes> copier(wtid, row_stride(p.q));
+      const ffwd::CopierFor<QTile, kCF, kStreamVecBytes> copier(wtid, row_stride(p.q));
       copy_rows(copier, sQ + stage * QTile::kBytes, p.q, str0);
       // Rows past N get lse = D = 0 (finite); their P is masked to 0.
       const int r = wtid % kBlockM, tok = str0 + r;
@@ -273,7 +275,7 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
           Tr::kRowStatsOffset + (stage * kBlockM * 2 + (r / 2) * 4 + (is_lse ? 0 : 2) + r % 2) * 4;
       ffwd::cp_async<4>(smem_base + offset, ok ? src + tok : src, ok ? 4 : 0);
     } else if (it < it_end) {
-      const ffwd::CopierFor<DOTile, kCF, kVecBytes> copier(wtid, row_stride(p.dout));
+      const ffwd::CopierFor<DOTile, kCF, kStreamVecBytes> copier(wtid, row_stride(p.dout));
       copy_rows(copier, sDO + stage * DOTile::kBytes, p.dout, str0);
     }
     ffwd::cp_async_commit();
@@ -559,9 +561,9 @@ __global__ void __launch_bounds__(Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecB
 // workspace that flash_bwd_workspace_bytes_with (flash_bwd_dispatch.cu) sizes for it: the dQ
 // workspace of flash_bwd_instance_workspace<..., kAtomicDQ>, then the tail split's partial
 // sums and counters.
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kStreamVecBytes>
 void flash_bwd_sm90_instance(const BwdParams& p, cudaStream_t stream) {
-  using Tr = fbwd_sm90::Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
+  using Tr = fbwd_sm90::Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kStreamVecBytes>;
   using C = typename Tr::C;
   const int bh = p.batch * p.heads, n = p.seqlen;
   if (bh == 0 || n == 0) return;
@@ -577,7 +579,8 @@ void flash_bwd_sm90_instance(const BwdParams& p, cudaStream_t stream) {
   const dim3 grid_own(split.tiles, split.pieces > 1 ? (split.ctas + split.tiles - 1) / split.tiles : bh);
   fbwd::bwd_preprocess_kernel<C><<<grid_rows, 256, 0, stream>>>(
       p, ws, n_pad, reinterpret_cast<float4*>(split.partial), tail_vec4);
-  constexpr auto kernel = fbwd_sm90::flash_bwd_sm90_kernel<kDtype, kDk, kDv, kLayout, kVecBytes>;
+  constexpr auto kernel =
+      fbwd_sm90::flash_bwd_sm90_kernel<kDtype, kDk, kDv, kLayout, kVecBytes, kStreamVecBytes>;
   constexpr int smem = Tr::kSmemBytes;
   allow_dynamic_smem_once<kernel>(smem);
   kernel<<<grid_own, Tr::kThreads, smem, stream>>>(p, ws, n_pad, gran, split);

@@ -19,19 +19,23 @@ namespace {
 using Launcher = void (*)(const FwdParams&, cudaStream_t);
 
 // Channel-first K / V rows start at multiples of N elements; at N % 8 != 0 that limits the
-// wgmma kernel's copies of K and V (every CTA streams all of them) to 8, 4 or 2 bytes. Where
-// they would be 2 bytes wide (odd N) or 4 (N % 4 == 2), and from these many tokens on, the
-// caller copies K and V to 16-byte aligned rows first (flash_fwd_wants_aligned_kv). On the
-// H200 (bench/results/h200-2026-12-01-b51abfa/aligned_kv_ab.md, copies included) that was
-// 1.4-2.1x faster at odd N from 441 tokens, 1.04-1.09x at N % 4 == 2 from 6402, and slower at
-// N % 4 == 2 below (402, 1602) and at N % 8 == 4 (8-byte rows), which keep their copies.
-// PSA_FA2_ALIGNED_KV_MIN_SEQLEN overrides both (experiments, bench/tune/tune_sm90.sh fwd).
+// wgmma kernel's copies of K and V (every CTA streams all of them) to 8, 4 or 2 bytes, and at
+// N % 64 != 0 their 64-key tiles straddle 128-byte lines. From these many tokens on (per K / V
+// row width; 16: rows that are 16-byte aligned but not 128), the caller copies K and V to
+// 128-byte aligned rows first (flash_fwd_wants_aligned_kv, aligned_kv.h). Measured on the H200
+// (bench/tune/row_stride.py, bf16, split views, copies included; results of 2026-12-01 in
+// bench/results/h200-2026-12-01-*/aligned_rows_ab.md), gain with the copies:
+//   2-byte rows (odd N):    1.39x at 401, 2.08x at 1601, 2.55x at 6401, 2.20x at 62499;
+//   4-byte (N % 4 == 2):    0.83x at 402, 1.04x at 1602, 1.23x at 6402;
+//   8-byte (N % 8 == 4):    0.72x at 404, 0.94x at 1604, 1.07x at 6404, 1.10x at 62500;
+//   16-byte, not 128:       0.71x at 400, 1.02x at 1608, 1.17x at 6408, 1.15x at 62504.
+// PSA_FA2_ALIGNED_KV_MIN_SEQLEN overrides all four (experiments, bench/tune/tune_sm90.sh fwd);
+// PSA_FA2_DISABLE_ALIGNED_COPIES=1 turns the copies off at run time (sm90_device.h).
 #if defined(PSA_FA2_ALIGNED_KV_MIN_SEQLEN)
-constexpr int64_t kAlignedKVMinSeqlen2 = PSA_FA2_ALIGNED_KV_MIN_SEQLEN;
-constexpr int64_t kAlignedKVMinSeqlen4 = PSA_FA2_ALIGNED_KV_MIN_SEQLEN;
+constexpr int64_t kAlignedKVMinSeqlen[4] = {PSA_FA2_ALIGNED_KV_MIN_SEQLEN, PSA_FA2_ALIGNED_KV_MIN_SEQLEN,
+                                            PSA_FA2_ALIGNED_KV_MIN_SEQLEN, PSA_FA2_ALIGNED_KV_MIN_SEQLEN};
 #else
-constexpr int64_t kAlignedKVMinSeqlen2 = 400;
-constexpr int64_t kAlignedKVMinSeqlen4 = 6400;
+constexpr int64_t kAlignedKVMinSeqlen[4] = {400, 1600, 6400, 1600};  // 2, 4, 8, 16-byte rows
 #endif
 
 // X(...) of the instances headers: the launcher of one instantiation, if it matches.
@@ -97,12 +101,18 @@ Launcher select(const FwdParams& p) {
 bool flash_fwd_supported(const FwdParams& p) { return select(p) != nullptr; }
 
 bool flash_fwd_wants_aligned_kv(const FwdParams& p) {
-  if (!fwd_dispatch::params_ok(p) || p.layout != Layout::kChannelFirst || !sm90_kernels_enabled())
+  if (!fwd_dispatch::params_ok(p) || p.layout != Layout::kChannelFirst ||
+      !sm90_kernels_enabled() || !aligned_row_copies_enabled())
     return false;
   const Widths w = widths(p);
-  const bool long_enough = (w.kv == 2 && p.seqlen >= kAlignedKVMinSeqlen2) ||
-                           (w.kv == 4 && p.seqlen >= kAlignedKVMinSeqlen4);
-  return long_enough && w.q_out >= 2 && find_sm90_launcher(p, w.q_out, 16) != nullptr;
+  if (w.kv < 2) return false;
+  auto on_lines = [&p](const Strided4& s, int head_dim) {
+    return fwd_dispatch::vec_bytes(s, p, head_dim, 2, {128}) == 128;
+  };
+  if (w.kv == 16 && on_lines(p.k, p.head_dim_qk) && on_lines(p.v, p.head_dim_v)) return false;
+  const int width_index = w.kv == 2 ? 0 : w.kv == 4 ? 1 : w.kv == 8 ? 2 : 3;
+  return p.seqlen >= kAlignedKVMinSeqlen[width_index] && w.q_out >= 2 &&
+         find_sm90_launcher(p, w.q_out, 16) != nullptr;
 }
 
 void flash_fwd(const FwdParams& p, cudaStream_t stream) {

@@ -21,6 +21,8 @@ extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kCh
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 2>(
     const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, 16>(
+    const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, 16>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 16>(
@@ -34,6 +36,8 @@ extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kCha
 extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 4>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 2>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 16>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 16>(
     const FwdParams&, cudaStream_t);
@@ -49,6 +53,7 @@ extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kCha
   X(kBFloat16, 32, 64, kChannelFirst, 8, 8) \
   X(kBFloat16, 32, 64, kChannelFirst, 4, 4) \
   X(kBFloat16, 32, 64, kChannelFirst, 2, 2) \
+  X(kBFloat16, 32, 64, kChannelFirst, 8, 16) \
   X(kBFloat16, 32, 64, kChannelFirst, 4, 16) \
   X(kBFloat16, 32, 64, kChannelFirst, 2, 16) \
   X(kFloat16, 32, 64, kTokenMajor, 16, 16) \
@@ -56,5 +61,6 @@ extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kCha
   X(kFloat16, 32, 64, kChannelFirst, 8, 8) \
   X(kFloat16, 32, 64, kChannelFirst, 4, 4) \
   X(kFloat16, 32, 64, kChannelFirst, 2, 2) \
+  X(kFloat16, 32, 64, kChannelFirst, 8, 16) \
   X(kFloat16, 32, 64, kChannelFirst, 4, 16) \
   X(kFloat16, 32, 64, kChannelFirst, 2, 16)

@@ -39,6 +39,14 @@
 // O += P V as a wgmma n72), which drops the 32 FADDs per thread and tile; ptxas then moved
 // P into the A registers after the wait (16 moves) and the stage addressing to the vector
 // pipes, and it measured 3.6% slower at 1,2,62500 (4314 against 4162 us).
+// Also tried, not kept (bench/tune/tune_fwd.cu, two alternating runs, 2026-12-01): a share of
+// the exponentials on the FMA pipe (round, a cubic, the exponent added to its bits: 9
+// instructions for one MUFU op) was 5% slower with 8 of each thread's 32 per tile and 12% with
+// 16, at every shape: the MUFU pipe is not the limit (ex2 runs at 16 per clock and SM, and
+// this kernel keeps it about half busy). The redo decision from each lane's row sums of the
+// tile (> 2^8) instead of the packed maxima was 0-5% slower (ptxas placed the step's
+// addressing worse). ex2.approx.f16x2 / .bf16x2 are two MUFU ops on sm_90 (15.9 elements
+// per clock and SM, as f32), so packed exponentials gain nothing either.
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
@@ -51,7 +59,7 @@ namespace psa_fa2 {
 namespace flash_fwd_detail {
 
 // kVecBytes: the access width of Q and out; kKVVecBytes: of K and V, which every CTA streams.
-// They differ where the dispatch's caller has copied K and V to 16-byte aligned rows
+// They differ where the dispatch's caller has copied K and V to 128-byte aligned rows
 // (attention_cuda.cpp) and left the others as they came.
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes>
 struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {

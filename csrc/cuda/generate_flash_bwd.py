@@ -74,18 +74,22 @@ size_t flash_bwd_instance_workspace(const BwdParams& params, BwdSchedule schedul
 """
 
 
-SM90_VARIANTS = {"tm": ("kTokenMajor", [16]), "cf": ("kChannelFirst", [16]),
-                 "cfu": ("kChannelFirst", [8, 4, 2])}
+# Widths are pairs (kVecBytes of K and V, kStreamVecBytes of the streamed Q and dO). "cfs" is
+# "cfu" with Q and dO copied to 128-byte aligned rows first (flash_bwd_wants_aligned_stream).
+SM90_VARIANTS = {"tm": ("kTokenMajor", [(16, 16)]), "cf": ("kChannelFirst", [(16, 16)]),
+                 "cfu": ("kChannelFirst", [(8, 8), (4, 4), (2, 2)]),
+                 "cfs": ("kChannelFirst", [(8, 16), (4, 16), (2, 16)])}
 
 SM90_LAUNCHER_DOC = """\
 // Schedule (a) on wgmma: the preprocess, the kernel and the dQ conversion, on the workspace of
 // flash_bwd_instance_workspace(..., BwdSchedule::kAtomicDQ). kVecBytes: the global copy width
-// (fbwd::channel_first_granularity; 16 token-major).
+// (fbwd::channel_first_granularity; 16 token-major); kStreamVecBytes: that of Q and dO
+// (fbwd::stream_granularity), which the caller may have copied to aligned rows.
 """
 
 
-def sm90_targs(dt: str, dk: int, dv: int, lay: str, vec: int) -> str:
-    return f"DType::{dt}, {dk}, {dv}, Layout::{lay}, {vec}"
+def sm90_targs(dt: str, dk: int, dv: int, lay: str, vec: tuple) -> str:
+    return f"DType::{dt}, {dk}, {dv}, Layout::{lay}, {vec[0]}, {vec[1]}"
 
 
 def write_sm90() -> list:
@@ -100,11 +104,12 @@ def write_sm90() -> list:
                     params="BwdParams"))
                 written.append(name)
                 targs += unit_targs
-                entries += [f"{dt}, {dk}, {dv}, {lay}, {v}" for v in vecs]
+                entries += [f"{dt}, {dk}, {dv}, {lay}, {v[0]}, {v[1]}" for v in vecs]
     (HERE / "flash_bwd_sm90_instances.h").write_text(instances_header(
         BANNER, "Hopper (wgmma) backward",
-        "DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes", "flash_bwd_sm90_instance",
-        targs, "PSA_FA2_BWD_SM90_INSTANCES", "dtype, dk, dv, layout, copy width", entries,
+        "DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kStreamVecBytes",
+        "flash_bwd_sm90_instance", targs, "PSA_FA2_BWD_SM90_INSTANCES",
+        "dtype, dk, dv, layout, copy width, stream copy width", entries,
         params="BwdParams", launcher_doc=SM90_LAUNCHER_DOC))
     return written
 

@@ -52,4 +52,6 @@ int current_device_multiprocessors() {
 
 bool sm90_kernels_enabled() { return !env_flag_set("PSA_FA2_DISABLE_SM90") && on_sm90a_device(); }
 
+bool aligned_row_copies_enabled() { return !env_flag_set("PSA_FA2_DISABLE_ALIGNED_COPIES"); }
+
 }  // namespace psa_fa2

@@ -10,6 +10,11 @@ namespace psa_fa2 {
 // switch between the Hopper kernels and the mma.sync ones that Ampere runs.
 bool sm90_kernels_enabled();
 
+// Whether the Hopper kernels' callers may copy narrow or misaligned channel-first rows to
+// 128-byte aligned ones first (aligned_kv.h; the results are the same either way):
+// PSA_FA2_DISABLE_ALIGNED_COPIES=1 turns that off (benchmarks of the copies), read per call.
+bool aligned_row_copies_enabled();
+
 // Streaming multiprocessors of the current device (cached per device; 0 if it cannot be read).
 int current_device_multiprocessors();
 
