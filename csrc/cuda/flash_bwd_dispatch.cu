@@ -130,11 +130,14 @@ void flash_bwd_with(const BwdParams& p, BwdSchedule schedule, cudaStream_t strea
 // width; 16: rows 16-byte aligned but not 128), the caller copies Q and dO to 128-byte aligned
 // rows first (flash_bwd_wants_aligned_stream, attention_cuda.cpp); K, V and the rest keep
 // their width ("cfs" instantiations). Measured on the H200 as the forward's copies
-// (flash_fwd_dispatch.cu), gain with the copies:
+// (flash_fwd_dispatch.cu; bench/results/h200-2026-12-01-44d4e11/aligned_rows_ab.md), gain
+// with the copies:
 //   2-byte rows (odd N):    0.98x at 401, 1.31x at 1601, 1.42x at 6401, 1.41x at 62499;
 //   4-byte (N % 4 == 2):    0.89x at 402, 1.01x at 1602, 1.06x at 6402;
 //   8-byte (N % 8 == 4):    0.87x at 404, 0.99x at 1604, 1.03x at 6404, 1.06x at 62500;
 //   16-byte, not 128:       0.81x at 400, 0.99x at 1608, 1.05x at 6408, 1.06x at 62504.
+// Copying K and V as well (each CTA loads them once) moved it by -1.7% to +1.5% at 6401-62499
+// (bench/results/h200-2026-12-01-44d4e11/bwd_kv_copies_ab.md): not done.
 // PSA_FA2_ALIGNED_STREAM_MIN_SEQLEN overrides all four (experiments);
 // PSA_FA2_DISABLE_ALIGNED_COPIES=1 turns the copies off at run time (sm90_device.h).
 #if defined(PSA_FA2_ALIGNED_STREAM_MIN_SEQLEN)

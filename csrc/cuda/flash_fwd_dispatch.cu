@@ -23,8 +23,8 @@ using Launcher = void (*)(const FwdParams&, cudaStream_t);
 // N % 64 != 0 their 64-key tiles straddle 128-byte lines. From these many tokens on (per K / V
 // row width; 16: rows that are 16-byte aligned but not 128), the caller copies K and V to
 // 128-byte aligned rows first (flash_fwd_wants_aligned_kv, aligned_kv.h). Measured on the H200
-// (bench/tune/row_stride.py, bf16, split views, copies included; results of 2026-12-01 in
-// bench/results/h200-2026-12-01-*/aligned_rows_ab.md), gain with the copies:
+// (bench/tune/row_stride.py, bf16, split views, copies included;
+// bench/results/h200-2026-12-01-44d4e11/aligned_rows_ab.md), gain with the copies:
 //   2-byte rows (odd N):    1.39x at 401, 2.08x at 1601, 2.55x at 6401, 2.20x at 62499;
 //   4-byte (N % 4 == 2):    0.83x at 402, 1.04x at 1602, 1.23x at 6402;
 //   8-byte (N % 8 == 4):    0.72x at 404, 0.94x at 1604, 1.07x at 6404, 1.10x at 62500;
@@ -32,8 +32,9 @@ using Launcher = void (*)(const FwdParams&, cudaStream_t);
 // PSA_FA2_ALIGNED_KV_MIN_SEQLEN overrides all four (experiments, bench/tune/tune_sm90.sh fwd);
 // PSA_FA2_DISABLE_ALIGNED_COPIES=1 turns the copies off at run time (sm90_device.h).
 #if defined(PSA_FA2_ALIGNED_KV_MIN_SEQLEN)
-constexpr int64_t kAlignedKVMinSeqlen[4] = {PSA_FA2_ALIGNED_KV_MIN_SEQLEN, PSA_FA2_ALIGNED_KV_MIN_SEQLEN,
-                                            PSA_FA2_ALIGNED_KV_MIN_SEQLEN, PSA_FA2_ALIGNED_KV_MIN_SEQLEN};
+constexpr int64_t kAlignedKVMinSeqlen[4] = {
+    PSA_FA2_ALIGNED_KV_MIN_SEQLEN, PSA_FA2_ALIGNED_KV_MIN_SEQLEN, PSA_FA2_ALIGNED_KV_MIN_SEQLEN,
+    PSA_FA2_ALIGNED_KV_MIN_SEQLEN};
 #else
 constexpr int64_t kAlignedKVMinSeqlen[4] = {400, 1600, 6400, 1600};  // 2, 4, 8, 16-byte rows
 #endif
