@@ -154,8 +154,7 @@ def test_forward_wgmma_copies_kv_to_aligned_rows(N, vec, views, dtype):
         k, v = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in (k, v))
     scale = 32 ** -0.5
     names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
-    copies = [n for n in names if "copy_rows_kernel" in n]
-    assert len(copies) == 1, names
+    assert any("copy_rows_kernel" in n for n in names), names
     joined = " ".join(names)
     assert re.search(rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 16>", joined), joined
     poison_cuda_allocator(4 * q.numel() * 8, "cuda")
