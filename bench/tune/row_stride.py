@@ -4,7 +4,7 @@ views, on a CUDA GPU.
     python bench/tune/row_stride.py [--dtype bf16] [--shapes 1x2x62500 ...] [--strides]
 
 For each shape, the block's split views (rows N elements apart) with the Hopper kernels'
-aligned row copies (aligned_kv.h) and without (PSA_FA2_DISABLE_ALIGNED_COPIES=1). With
+aligned row copies (aligned_rows.h) and without (PSA_FA2_DISABLE_ALIGNED_COPIES=1). With
 --strides, also the views on rows padded to 8 and 64 elements (16- / 128-byte rows), which need
 no copies. Times are medians of CUDA-graph replays (bench/bwd_schedules.py), device time only:
 the copies are part of the op's time.

@@ -13,7 +13,7 @@
 
 #include "../checks.h"
 #include "../blockwise_attention.h"
-#include "aligned_kv.h"
+#include "aligned_rows.h"
 #include "make_params.h"
 #include "launchers.h"
 

@@ -1,5 +1,6 @@
-// The aligned K / V copies of the forward (aligned_kv.h): rows of 2-byte elements whose starts
-// are only 2- or 4-byte aligned, copied to rows that start at 16-byte multiples. A generic
+// The aligned row copies of the Hopper kernels' callers (aligned_rows.h: K and V for the
+// forward, Q and dO for the backward): rows of 2-byte elements whose starts are narrowly
+// aligned, copied to rows that start at 16-byte multiples (the callers pad them to 128). A generic
 // strided tensor copy moves them at well under half the memory bandwidth (one element per
 // thread); this kernel loads each thread's 8 consecutive elements with 2-byte loads (a warp
 // still reads 512 contiguous bytes) and stores them as one 16-byte vector.

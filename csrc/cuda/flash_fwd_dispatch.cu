@@ -22,7 +22,7 @@ using Launcher = void (*)(const FwdParams&, cudaStream_t);
 // wgmma kernel's copies of K and V (every CTA streams all of them) to 8, 4 or 2 bytes, and at
 // N % 64 != 0 their 64-key tiles straddle 128-byte lines. From these many tokens on (per K / V
 // row width; 16: rows that are 16-byte aligned but not 128), the caller copies K and V to
-// 128-byte aligned rows first (flash_fwd_wants_aligned_kv, aligned_kv.h). Measured on the H200
+// 128-byte aligned rows first (flash_fwd_wants_aligned_kv, aligned_rows.h). Measured on the H200
 // (bench/tune/row_stride.py, bf16, split views, copies included;
 // bench/results/h200-2026-12-01-44d4e11/aligned_rows_ab.md), gain with the copies:
 //   2-byte rows (odd N):    1.39x at 401, 2.08x at 1601, 2.55x at 6401, 2.20x at 62499;

@@ -19,7 +19,7 @@ void reference_bwd(const BwdParams& params, cudaStream_t stream);
 bool flash_fwd_supported(const FwdParams& params);
 void flash_fwd(const FwdParams& params, cudaStream_t stream);
 // Whether flash_fwd would run a faster kernel on params with K and V copied to rows that
-// start at 128-byte multiples (channel-first, long sequences whose rows do not; aligned_kv.h).
+// start at 128-byte multiples (channel-first, long sequences whose rows do not; aligned_rows.h).
 bool flash_fwd_wants_aligned_kv(const FwdParams& params);
 
 // Rows of cols 2-byte elements, (b, h, channel) at src + b * src_stride_b + h * src_stride_h +
@@ -45,7 +45,7 @@ void flash_fwd_f32(const FwdParams& params, cudaStream_t stream);
 bool flash_bwd_supported(const BwdParams& params);
 size_t flash_bwd_workspace_bytes(const BwdParams& params);
 void flash_bwd(const BwdParams& params, cudaStream_t stream);
-// Whether the caller should copy q and dout to 128-byte aligned rows (aligned_kv.h) and pass
+// Whether the caller should copy q and dout to 128-byte aligned rows (aligned_rows.h) and pass
 // those: the Hopper kernel streams them, and their rows are narrow or misaligned.
 bool flash_bwd_wants_aligned_stream(const BwdParams& params);
 

@@ -11,7 +11,7 @@ namespace psa_fa2 {
 bool sm90_kernels_enabled();
 
 // Whether the Hopper kernels' callers may copy narrow or misaligned channel-first rows to
-// 128-byte aligned ones first (aligned_kv.h; the results are the same either way):
+// 128-byte aligned ones first (aligned_rows.h; the results are the same either way):
 // PSA_FA2_DISABLE_ALIGNED_COPIES=1 turns that off (benchmarks of the copies), read per call.
 bool aligned_row_copies_enabled();
 
