@@ -149,19 +149,45 @@ def test_forward_wgmma_copies_kv_to_aligned_rows(N, vec, views, dtype):
     output and lse against float64."""
     if not on_hopper():
         pytest.skip("the aligned K / V copies feed the wgmma kernel (Hopper) only")
-    _, q, k, v = make_qkv(1, 2, N, 32, 64, dtype, "cuda", "channel_first")
+    check_forward_on_kv_copies((1, 2), N, views, dtype, rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 16>")
+
+
+def check_forward_on_kv_copies(batch_heads, N, views, dtype, kernel_pattern):
+    """The forward on channel-first split views (or separate K and V tensors) copies K and V
+    (copy_rows_kernel) and runs the kernel matching kernel_pattern; then its output and lse
+    against float64, on NaN-filled memory."""
+    _, q, k, v = make_qkv(*batch_heads, N, 32, 64, dtype, "cuda", "channel_first")
     if views == "separate":
         k, v = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in (k, v))
     scale = 32 ** -0.5
     names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
     assert any("copy_rows_kernel" in n for n in names), names
     joined = " ".join(names)
-    assert re.search(rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 16>", joined), joined
+    assert re.search(kernel_pattern, joined), joined
     poison_cuda_allocator(4 * q.numel() * 8, "cuda")
     out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
     ref64, eager = forward_reference(q, k, v, scale)
     assert_close_to_reference("out", out, ref64, eager, dtype)
     assert_lse_close(lse, q, k, scale)
+
+
+# (N, Q / out access width): one 64-key tile and a partial one, whole tiles, each width.
+KV_IMAGE_CASES = [(1, 2), (64, 16), (65, 2), (401, 2), (1600, 16), (1602, 4), (6404, 8),
+                  (8193, 2)]
+
+
+@pytest.mark.parametrize("N,vec", KV_IMAGE_CASES, ids=case_ids(KV_IMAGE_CASES))
+@pytest.mark.parametrize("views", ["split", "separate"])
+@dtypes
+def test_forward_wgmma_reads_kv_tile_images(N, vec, views, dtype, monkeypatch):
+    """With PSA_FA2_KV_TILE_IMAGES=1, K and V are copied to tile images (one copy for the
+    block's split views, two for separate tensors) and the wgmma kernel that bulk-copies them
+    runs (K / V width 0; Q and out keep their vec-byte accesses). Its output and lse against
+    float64, on several heads (each has its own images) and NaN-filled memory."""
+    if not on_hopper():
+        pytest.skip("the tile images feed the wgmma kernel (Hopper) only")
+    monkeypatch.setenv("PSA_FA2_KV_TILE_IMAGES", "1")
+    check_forward_on_kv_copies((2, 2), N, views, dtype, rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 0>")
 
 
 @pytest.mark.parametrize("N,vec", BWD_ALIGNED_COPY_CASES, ids=case_ids(BWD_ALIGNED_COPY_CASES))

@@ -1,6 +1,7 @@
-// Copies of channel-first tensors on rows that start at 128-byte multiples: K and V for the
-// forward (flash_fwd_wants_aligned_kv), Q and dO for the backward
-// (flash_bwd_wants_aligned_stream). The block's views have rows N elements apart: at
+// Copies of channel-first tensors for the Hopper kernels: to rows that start at 128-byte
+// multiples (K and V for the forward, flash_fwd_wants_aligned_kv; Q and dO for the backward,
+// flash_bwd_wants_aligned_stream), or K and V to the forward's tile images
+// (flash_fwd_wants_kv_tile_images). The block's views have rows N elements apart: at
 // N % 8 != 0 that holds the kernels' copies of them to 8, 4 or 2 bytes, and at N % 64 != 0
 // their tiles straddle 128-byte lines.
 #pragma once
@@ -77,6 +78,31 @@ inline std::pair<at::Tensor, at::Tensor> aligned_kv_copy(const at::Tensor& k, co
       v_follows_k(k, v) ? aligned_rows_copy({{k, dk + dv}}, {dk, dv}, stream)
                         : aligned_rows_copy({{k, dk}, {v, dv}}, {dk, dv}, stream);
   return {views[0], views[1]};
+}
+
+// k [B, H, N, dk] and v [B, H, N, dv] (channel-first, 2-byte elements) as the Hopper forward's
+// tile images (RowCopy's tiled mode): [B * H, ceil(N / 64), dk + dv, 64], each 64-key tile K's
+// rows then V's, swizzled as the kernel's shared stages hold them, zero past N.
+constexpr int64_t kTileImageTokens = 64;
+
+inline at::Tensor kv_tile_images_copy(const at::Tensor& k, const at::Tensor& v,
+                                      cudaStream_t stream) {
+  const int64_t B = k.size(0), H = k.size(1), N = k.size(2), dk = k.size(3), dv = v.size(3);
+  const int64_t tiles = (N + kTileImageTokens - 1) / kTileImageTokens;
+  const at::Tensor images = at::empty({B * H, tiles, dk + dv, kTileImageTokens}, k.options());
+  auto copy = [&](const at::Tensor& src, int64_t channels, int64_t channel0) {
+    RowCopy c{src.data_ptr(), src.stride(0), src.stride(1), src.stride(3), images.data_ptr(),
+              0, dk + dv, channel0, B, H, channels, N};
+    c.tile_tokens = kTileImageTokens;
+    copy_rows(c, stream);
+  };
+  if (v_follows_k(k, v)) {
+    copy(k, dk + dv, 0);
+  } else {
+    copy(k, dk, 0);
+    copy(v, dv, dk);
+  }
+  return images;
 }
 
 }  // namespace psa_fa2

@@ -14,6 +14,10 @@ enum class DType : int { kFloat64 = 0, kFloat32 = 1, kBFloat16 = 2, kFloat16 = 3
 //   kChannelFirst: stride_n == 1  (e.g. the PSA `split` views of a [B, H, D, N] conv output)
 enum class Layout : int { kTokenMajor = 0, kChannelFirst = 1 };
 
+// kKVVecBytes (K / V access width) of the Hopper forward instantiations that read K and V as
+// tile images (FwdParams::kv_tile_images) instead of rows.
+constexpr int kKVTileImages = 0;
+
 // A logical [B, H, N, D] tensor addressed by 64-bit element strides.
 struct Strided4 {
   void* ptr;
@@ -31,6 +35,9 @@ struct FwdParams {
   DType dtype;   // dtype of q, k, v and out
   Layout layout; // shared by q, k, v and out
   bool allow_tf32;  // fp32 inputs only: TF32 tensor cores allowed (matmul precision != "highest")
+  // Fast Hopper forward only: k.ptr holds K and V as 64-key tile images (RowCopy's tiled mode,
+  // dk + dv channels per tile), and k's strides and v are not read.
+  bool kv_tile_images;
 };
 
 struct BwdParams {

@@ -83,6 +83,12 @@ Widths widths(const FwdParams& p) {
 Launcher select(const FwdParams& p) {
   if (!fwd_dispatch::params_ok(p)) return nullptr;
   const Widths w = widths(p);
+  // K and V as tile images: only the wgmma kernel reads them.
+  if (p.kv_tile_images) {
+    return sm90_kernels_enabled() && p.layout == Layout::kChannelFirst && w.q_out >= 2
+               ? find_sm90_launcher(p, w.q_out, kKVTileImages)
+               : nullptr;
+  }
   const int vec = w.common();
   // Token-major instantiations exist for 16-byte rows only; channel-first for every width >= 2
   // (16: "cf"; 8, 4 and 2: "cfu"; on Hopper also "cfs", see generate_flash_fwd.py).
@@ -114,6 +120,21 @@ bool flash_fwd_wants_aligned_kv(const FwdParams& p) {
   const int width_index = w.kv == 2 ? 0 : w.kv == 4 ? 1 : w.kv == 8 ? 2 : 3;
   return p.seqlen >= kAlignedKVMinSeqlen[width_index] && w.q_out >= 2 &&
          find_sm90_launcher(p, w.q_out, 16) != nullptr;
+}
+
+// K and V as tile images take the copies' addressing and the cp.async waits out of the wgmma
+// kernel's steps (flash_fwd_sm90_kernel.cuh) for a copy like the aligned rows'. Where that pays
+// has not been measured on a GPU yet (bench/tune/kv_tile_images.py does), so the images are
+// copied only where asked for: PSA_FA2_KV_TILE_IMAGES=1 (sm90_device.h).
+bool flash_fwd_wants_kv_tile_images(const FwdParams& p) {
+  if (p.kv_tile_images || !kv_tile_images_requested() || !fwd_dispatch::params_ok(p) ||
+      p.layout != Layout::kChannelFirst || !sm90_kernels_enabled() ||
+      !aligned_row_copies_enabled())
+    return false;
+  const Widths w = widths(p);
+  // The images' swizzle keys V's rows as K's (copy_rows.cu): K is whole 8-row atoms.
+  return w.q_out >= 2 && p.head_dim_qk % 8 == 0 &&
+         find_sm90_launcher(p, w.q_out, kKVTileImages) != nullptr;
 }
 
 void flash_fwd(const FwdParams& p, cudaStream_t stream) {

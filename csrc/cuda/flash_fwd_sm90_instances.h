@@ -27,6 +27,14 @@ extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kCh
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 16>(
     const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16, 0>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, 0>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, 0>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 0>(
+    const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kTokenMajor, 16, 16>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, 16>(
@@ -43,6 +51,14 @@ extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kCha
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 16>(
     const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, 0>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 0>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 0>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 0>(
+    const FwdParams&, cudaStream_t);
 
 }  // namespace psa_fa2
 
@@ -56,6 +72,10 @@ extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kCha
   X(kBFloat16, 32, 64, kChannelFirst, 8, 16) \
   X(kBFloat16, 32, 64, kChannelFirst, 4, 16) \
   X(kBFloat16, 32, 64, kChannelFirst, 2, 16) \
+  X(kBFloat16, 32, 64, kChannelFirst, 16, 0) \
+  X(kBFloat16, 32, 64, kChannelFirst, 8, 0) \
+  X(kBFloat16, 32, 64, kChannelFirst, 4, 0) \
+  X(kBFloat16, 32, 64, kChannelFirst, 2, 0) \
   X(kFloat16, 32, 64, kTokenMajor, 16, 16) \
   X(kFloat16, 32, 64, kChannelFirst, 16, 16) \
   X(kFloat16, 32, 64, kChannelFirst, 8, 8) \
@@ -63,4 +83,8 @@ extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kCha
   X(kFloat16, 32, 64, kChannelFirst, 2, 2) \
   X(kFloat16, 32, 64, kChannelFirst, 8, 16) \
   X(kFloat16, 32, 64, kChannelFirst, 4, 16) \
-  X(kFloat16, 32, 64, kChannelFirst, 2, 16)
+  X(kFloat16, 32, 64, kChannelFirst, 2, 16) \
+  X(kFloat16, 32, 64, kChannelFirst, 16, 0) \
+  X(kFloat16, 32, 64, kChannelFirst, 8, 0) \
+  X(kFloat16, 32, 64, kChannelFirst, 4, 0) \
+  X(kFloat16, 32, 64, kChannelFirst, 2, 0)

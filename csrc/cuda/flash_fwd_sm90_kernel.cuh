@@ -8,6 +8,15 @@
 // the mma.sync kernel, which is one of wgmma's own: channel-first K and token-major V are read
 // transposed (MN-major), token-major K and channel-first V as they are (K-major).
 //
+// K and V may instead come as tile images (kKVVecBytes == kKVTileImages; the caller copies
+// them, flash_fwd_wants_kv_tile_images): each 64-key tile of K and V already in the order and
+// swizzle of a shared stage, so that thread 0 fetches it with one bulk copy completing an
+// mbarrier, four stages deep, which every thread waits on. That takes the per-thread copy
+// addressing, the cp.async waits and their proxy fence out of each step: by the SASS of nvcc
+// 13.0, about 200 instructions per warp on a step's common path against 260 for the 8-byte row
+// copies of 1,2,62500 ("cfs"). Not yet measured on a GPU: the dispatch copies the images only
+// where PSA_FA2_KV_TILE_IMAGES=1 asks for them.
+//
 // Per key tile j the warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for
 // the first, exponentiates S_j and waits for the second before packing P_j into the registers
 // that product reads. ptxas places that second wait early among the exponentials (it does not
@@ -52,14 +61,19 @@
 // dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
 #pragma once
 
+#include "bulk_copy.cuh"
 #include "flash_fwd_kernel.cuh"
 #include "wgmma.cuh"
 
 namespace psa_fa2 {
 namespace flash_fwd_detail {
 
-// kVecBytes: the access width of Q and out; kKVVecBytes: of K and V, which every CTA streams.
-// They differ where the dispatch's caller has copied K and V to 128-byte aligned rows
+// kVecBytes: the access width of Q and out; kKVVecBytes: of K and V, which every CTA streams, or
+// kKVTileImages (attention_params.h): each 64-key tile of a head's K and V, in the order and
+// swizzle of the kernel's shared stages, is then one contiguous block of global memory
+// (copy_rows.cu's tiled mode) that one thread copies with a bulk copy (bulk_copy.cuh), which
+// takes the copies' addressing and the cp.async waits out of the steps. The widths differ
+// where the dispatch's caller has copied K and V to 128-byte aligned rows or to tile images
 // (attention_cuda.cpp) and left the others as they came.
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes>
 struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
@@ -68,11 +82,13 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static_assert(kBlockM == 64, "one warpgroup of 64 query rows per CTA");
   static_assert(kDv == 64, "the products are wgmma m64n64k16: 64 keys and dv = 64");
   static_assert(kDk % 16 == 0, "k16 steps of Q K^T");
+  static constexpr bool kKVImages = kKVVecBytes == kKVTileImages;
+  static_assert(!kKVImages || kCF, "tile images of channel-first K and V");
   // Tiles of 64 keys (one wgmma n64 / one 128-byte swizzle atom per row); one softmax step
   // takes kSubTiles of them. PSA_FA2_SM90_SUB_TILES (an experiment, compile-time) sets it.
   static constexpr int kTileN = 64;
 #if defined(PSA_FA2_SM90_SUB_TILES)
-  static constexpr int kSubTiles = PSA_FA2_SM90_SUB_TILES;
+  static constexpr int kSubTiles = kKVImages ? 1 : PSA_FA2_SM90_SUB_TILES;
 #else
   static constexpr int kSubTiles = 1;
 #endif
@@ -81,27 +97,47 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   using OTile = typename Base::OTile;
   using KTile = std::conditional_t<kCF, SmemTile<kDk, kTileN>, SmemTile<kTileN, kDk>>;
   using VTile = std::conditional_t<kCF, SmemTile<kDv, kTileN>, SmemTile<kTileN, kDv>>;
-  // Layout: Q | K stage 0 | K stage 1 | V stage 0 | V stage 1, a stage being kSubTiles tiles;
-  // the output staging tile reuses the K/V stages.
-  static constexpr int kKStageBytes = kSubTiles * KTile::kBytes;
-  static constexpr int kVStageBytes = kSubTiles * VTile::kBytes;
+  // Row copies (cp.async by every thread): Q | K stage 0 | K stage 1 | V stage 0 | V stage 1,
+  // a stage being kSubTiles tiles, copied one step ahead.
+  // Tile images (one bulk copy per tile): Q | stage 0 .. stage kStages - 1 | their mbarriers, a
+  // stage being K tile | V tile as in the image; copied kStages - 2 steps ahead, since a stage
+  // is free again only two steps after its keys' S (the next step's P V reads its V).
+  // The output staging tile reuses the stages.
+  static constexpr int kStages = kKVImages ? 4 : 2;
+  static constexpr int kPrefetchSteps = kStages - 2;
+  static constexpr int kImageTileBytes = KTile::kBytes + VTile::kBytes;
+  static constexpr int kKStageStride = kKVImages ? kImageTileBytes : kSubTiles * KTile::kBytes;
+  static constexpr int kVStageStride = kKVImages ? kImageTileBytes : kSubTiles * VTile::kBytes;
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = QTile::kBytes;
-  static constexpr int kVOffset = kKOffset + 2 * kKStageBytes;
+  static constexpr int kVOffset =
+      kKOffset + (kKVImages ? KTile::kBytes : kStages * kKStageStride);
+  static constexpr int kStagesEnd =
+      kKVImages ? kKOffset + kStages * kImageTileBytes : kVOffset + kStages * kVStageStride;
+  static constexpr int kBarrierOffset = kStagesEnd;  // kStages mbarriers (tile images only)
   static constexpr int kOOffset = kKOffset;
-  static constexpr int kSmemBytes = kVOffset + 2 * kVStageBytes;
-  static_assert(OTile::kBytes <= 2 * (kKStageBytes + kVStageBytes), "staging fits");
+  static constexpr int kSmemBytes = kStagesEnd + (kKVImages ? 8 * kStages : 0);
+  static_assert(OTile::kBytes <= kStagesEnd - kKOffset, "staging fits");
   // The swizzle atoms of the tiles (8 rows) start at multiples of 1024 bytes.
   static_assert(kKOffset % 1024 == 0 && kVOffset % 1024 == 0 && KTile::kBytes % 1024 == 0 &&
                     VTile::kBytes % 1024 == 0,
                 "K / V tiles aligned to their swizzle atoms");
+  // Step j's tiles are in stage j & kStageMask, at (j & kStageMask) * kKStageStride from the K
+  // stage base and (j & kStageMask) * kVStageStride from the V one. (The kernel writes these
+  // out: passed through a function, they made nvcc 13.0 schedule the row-copy steps
+  // differently.)
+  static_assert((kStages & (kStages - 1)) == 0, "a power-of-two count of stages");
+  static constexpr int kStageMask = kStages - 1;
   // S = Q K^T: k = d. Channel-first K tiles are [d][key]: their columns run along n.
   using KOperand = wgmma::OperandB<KTile, !kCF>;
   // O = P V: k = key. Channel-first V tiles are [dv][key]: their columns run along k.
   using VOperand = wgmma::OperandB<VTile, kCF>;
   static_assert(KOperand::kNExtent == kTileN && VOperand::kNExtent == kDv,
                 "each wgmma reads whole tiles: n = 64 keys for S, n = dv for O");
-  static_assert(kKVVecBytes == kVecBytes || kKVVecBytes == 16, "K / V as Q, or 16-byte rows");
+  static_assert(kKVVecBytes == kVecBytes || kKVVecBytes == 16 || kKVImages,
+                "K / V as Q, on 16-byte rows or as tile images");
+  // The access width the K / V row copiers are built for (unused with tile images).
+  static constexpr int kKVRowVecBytes = kKVImages ? 16 : kKVVecBytes;
   // Resident CTAs per SM (__launch_bounds__): 4 (<= 128 registers; left at 3, ptxas spends
   // about 133, which is 3 CTAs per SM; at 4 it uses 118-126, no spills). The 2-byte loads of
   // K and V at odd N (32 in flight) and two tiles per step need 2 to stay free of spills.
@@ -157,8 +193,8 @@ __global__ void __launch_bounds__(
   const int m0 = blockIdx.x * kBlockM;
 
   const int n_tiles = (N + kBlockN - 1) / kBlockN;
-  const TileSources<Tr, kVecBytes, kKVVecBytes> src(params, b, h, tid);
-  // Step j's keys into stage j % 2; the range checks only where the step reaches N.
+  const TileSources<Tr, kVecBytes, Tr::kKVRowVecBytes> src(params, b, h, tid);
+  // Row copies: step j's keys into stage j % 2; the range checks only where the step reaches N.
   auto copy_tiles = [&](const auto& copier, uint32_t stage, int tile_bytes, const uint16_t* head,
                         int64_t rs, int j) {
     const bool full = (j + 1) * kBlockN <= N;
@@ -174,22 +210,56 @@ __global__ void __launch_bounds__(
     }
   };
   auto copy_k = [&](int j) {
-    copy_tiles(src.k_copier, sK + (j & 1) * Tr::kKStageBytes, KTile::kBytes, src.k, src.k_rs, j);
+    copy_tiles(src.k_copier, sK + (j & Tr::kStageMask) * Tr::kKStageStride, KTile::kBytes, src.k,
+               src.k_rs, j);
   };
   auto copy_v = [&](int j) {
-    copy_tiles(src.v_copier, sV + (j & 1) * Tr::kVStageBytes, VTile::kBytes, src.v, src.v_rs, j);
+    copy_tiles(src.v_copier, sV + (j & Tr::kStageMask) * Tr::kVStageStride, VTile::kBytes, src.v,
+               src.v_rs, j);
+  };
+  // Tile images: thread 0 copies tile j (K then V, as the stage holds them) into stage
+  // j % kStages, whose barrier every thread waits on before its wgmmas read the tile.
+  const uint32_t barriers = smem_base + Tr::kBarrierOffset;
+  const unsigned char* const images =
+      static_cast<const unsigned char*>(params.k.ptr) +
+      static_cast<int64_t>(bh) * n_tiles * Tr::kImageTileBytes;
+  auto copy_image = [&](int j) {
+    bulk_copy::copy_block(sK + (j & Tr::kStageMask) * Tr::kKStageStride,
+                          images + static_cast<int64_t>(j) * Tr::kImageTileBytes,
+                          Tr::kImageTileBytes, barriers + 8 * (j & Tr::kStageMask));
+  };
+  auto wait_image = [&](int j) {
+    bulk_copy::wait(barriers + 8 * (j & Tr::kStageMask), (j / Tr::kStages) & 1);
   };
 
-  // Prologue: Q and K tile 0 first; K tile 1 and V tile 0 arrive while S_0 is computed.
-  src.q_copier.copy(sQ, src.q_at(m0), N - m0);
-  copy_k(0);
-  cp_async_commit();
-  if (n_tiles > 1) copy_k(1);
-  copy_v(0);
-  cp_async_commit();
-  cp_async_wait<1>();
-  wgmma::fence_proxy_async_shared();
-  __syncthreads();
+  if constexpr (Tr::kKVImages) {
+    // Prologue: the barriers, then Q, and the images of the first kPrefetchSteps + 1 tiles.
+    if (tid == 0) {
+#pragma unroll
+      for (int i = 0; i < Tr::kStages; ++i) bulk_copy::init_barrier(barriers + 8 * i);
+      bulk_copy::fence_barrier_init();
+    }
+    src.q_copier.copy(sQ, src.q_at(m0), N - m0);
+    cp_async_commit();
+    __syncthreads();  // the barriers are initialised
+    if (tid == 0) {
+      for (int j = 0; j <= Tr::kPrefetchSteps && j < n_tiles; ++j) copy_image(j);
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // Q landed
+    wait_image(0);
+  } else {
+    // Prologue: Q and K tile 0 first; K tile 1 and V tile 0 arrive while S_0 is computed.
+    src.q_copier.copy(sQ, src.q_at(m0), N - m0);
+    copy_k(0);
+    cp_async_commit();
+    if (n_tiles > 1) copy_k(1);
+    copy_v(0);
+    cp_async_commit();
+    cp_async_wait<1>();
+    wgmma::fence_proxy_async_shared();
+    __syncthreads();
+  }
 
   // Q fragments (A operand, 16 rows of this warp x kDk), as in the mma.sync kernel.
   uint32_t qf[kKSteps][4];
@@ -201,7 +271,8 @@ __global__ void __launch_bounds__(
   auto issue_s = [&](float (&s)[kSTiles][4], int j) {
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
-      const uint64_t desc = k_desc + KOp::advance((j & 1) * Tr::kKStageBytes + u * KTile::kBytes);
+      const uint64_t desc =
+          k_desc + KOp::advance((j & Tr::kStageMask) * Tr::kKStageStride + u * KTile::kBytes);
       auto& su = *reinterpret_cast<float(*)[kTileN / 8][4]>(&s[u * kTileN / 8]);
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
@@ -220,9 +291,19 @@ __global__ void __launch_bounds__(
     constexpr int kStepsPerTile = kTileN / 16;
 #pragma unroll
     for (int kk = 0; kk < kPVSteps; ++kk) {
-      const uint32_t offset = (j & 1) * Tr::kVStageBytes + (kk / kStepsPerTile) * VTile::kBytes +
-                              (kk % kStepsPerTile) * VOp::kKStepBytes;
-      wgmma::mma_m64n64k16<kDtype, true, VOp::kTranspose>(o, pf[kk], v_desc + VOp::advance(offset));
+      const int stage_bytes = (j & Tr::kStageMask) * Tr::kVStageStride;
+      const uint32_t step_bytes =
+          (kk / kStepsPerTile) * VTile::kBytes + (kk % kStepsPerTile) * VOp::kKStepBytes;
+      uint64_t desc;
+      if constexpr (Tr::kKVImages) {
+        // The stage's descriptor plus each step's constant: nvcc 13.0 shifts the sum of the two
+        // for every step otherwise (13 more uniform instructions per step). The row-copy
+        // instantiations keep the form they were measured with on the H200.
+        desc = v_desc + VOp::advance(stage_bytes) + VOp::advance(step_bytes);
+      } else {
+        desc = v_desc + VOp::advance(stage_bytes + step_bytes);
+      }
+      wgmma::mma_m64n64k16<kDtype, true, VOp::kTranspose>(o, pf[kk], desc);
     }
     wgmma::commit_group();
   };
@@ -297,8 +378,10 @@ __global__ void __launch_bounds__(
   // (K_i is still in its stage: the copies that refill it come after this), the lazy-max path
   // and O (which holds the products of the tiles before i) rescaled. Else its sums count.
   auto settle_tile = [&](int i, auto is_last) {
-    cp_async_wait<0>();
-    wgmma::fence_proxy_async_shared();
+    if constexpr (!Tr::kKVImages) {
+      cp_async_wait<0>();
+      wgmma::fence_proxy_async_shared();
+    }
     if (!__syncthreads_or(above)) {
       row_sum[0] += sums[0];
       row_sum[1] += sums[1];
@@ -318,12 +401,18 @@ __global__ void __launch_bounds__(
   // wait, which ptxas would otherwise answer by waiting for every product at the branch.
   auto tile_step = [&](int j, auto is_last) {
     constexpr bool kLast = decltype(is_last)::value;
-    // K tile j and V tile j-1 landed; every thread is past tile j-1's products, so K stage
-    // (j+1) % 2 and V stage j % 2 may be refilled.
+    // Row copies: K tile j and V tile j-1 landed; every thread is past tile j-1's products, so
+    // K stage (j+1) % 2 and V stage j % 2 may be refilled.
     settle_tile(j - 1, std::false_type{});
-    if constexpr (!kLast) copy_k(j + 1);
-    copy_v(j);
-    cp_async_commit();
+    if constexpr (Tr::kKVImages) {
+      // Every thread is past tile j - 2's P V: its stage takes tile j + kPrefetchSteps.
+      if (tid == 0 && j + Tr::kPrefetchSteps < n_tiles) copy_image(j + Tr::kPrefetchSteps);
+      wait_image(j);
+    } else {
+      if constexpr (!kLast) copy_k(j + 1);
+      copy_v(j);
+      cp_async_commit();
+    }
 
     wgmma::pin(o);
     wgmma::fence();

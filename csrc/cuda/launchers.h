@@ -21,17 +21,28 @@ void flash_fwd(const FwdParams& params, cudaStream_t stream);
 // Whether flash_fwd would run a faster kernel on params with K and V copied to rows that
 // start at 128-byte multiples (channel-first, long sequences whose rows do not; aligned_rows.h).
 bool flash_fwd_wants_aligned_kv(const FwdParams& params);
+// Whether flash_fwd would run faster still with K and V copied to tile images (RowCopy's tiled
+// mode; kv_tile_images_copy in aligned_rows.h): then the caller passes params with
+// kv_tile_images set and k.ptr the images.
+bool flash_fwd_wants_kv_tile_images(const FwdParams& params);
 
 // Rows of cols 2-byte elements, (b, h, channel) at src + b * src_stride_b + h * src_stride_h +
-// channel * src_stride_c, copied to dst + ((b * heads + h) * dst_channels + dst_channel0 +
-// channel) * dst_stride_c, whose rows start at 16-byte multiples (dst 16-byte aligned,
-// dst_stride_c a multiple of 8); dst's elements from cols to the next multiple of 8 become 0.
+// channel * src_stride_c, copied into dst, whose row dst_channel0 + channel of head
+// bh = b * heads + h it becomes:
+//   tile_tokens == 0: rows starting at 16-byte multiples, at dst + (bh * dst_channels + row) *
+//     dst_stride_c (dst 16-byte aligned, dst_stride_c a multiple of 8); the elements from cols
+//     to the next multiple of 8 become 0;
+//   tile_tokens == 64: tile images (flash_fwd_sm90_kernel.cuh): token n lands in tile
+//     n / 64 of the head, at dst + ((bh * tiles + n / 64) * dst_channels + row) * 64, its
+//     16-byte chunk (n % 64) / 8 swizzled to chunk ((n % 64) / 8) ^ (row % 8), as the kernel's
+//     shared tiles hold it; tiles = ceil(cols / 64), and the last tile's tokens past cols are 0.
 struct RowCopy {
   const void* src;
   int64_t src_stride_b, src_stride_h, src_stride_c;
   void* dst;
   int64_t dst_stride_c, dst_channels, dst_channel0;
   int64_t batch, heads, channels, cols;
+  int64_t tile_tokens = 0;
 };
 void copy_rows(const RowCopy& copy, cudaStream_t stream);
 

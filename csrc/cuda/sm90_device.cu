@@ -54,4 +54,6 @@ bool sm90_kernels_enabled() { return !env_flag_set("PSA_FA2_DISABLE_SM90") && on
 
 bool aligned_row_copies_enabled() { return !env_flag_set("PSA_FA2_DISABLE_ALIGNED_COPIES"); }
 
+bool kv_tile_images_requested() { return env_flag_set("PSA_FA2_KV_TILE_IMAGES"); }
+
 }  // namespace psa_fa2

@@ -1,0 +1,73 @@
+"""Kernel time of the fast forward with K and V as tile images, as aligned rows and as given,
+on a CUDA GPU (Hopper: the copies feed the wgmma kernel).
+
+    python bench/tune/kv_tile_images.py [--dtype bf16] [--shapes 1x2x62500 ...]
+
+For each shape, the block's split views (rows N elements apart) run the forward three ways:
+K / V copied to tile images (PSA_FA2_KV_TILE_IMAGES=1), without them (the default: the
+aligned row copies where their thresholds say, else the views as given), and with no copies
+at all (PSA_FA2_DISABLE_ALIGNED_COPIES=1). Times are medians of CUDA-graph replays
+(bench/bwd_schedules.py), device time only: the copies are part of the op's time. Each shape
+runs the three ways twice, in alternating order, and reports both.
+"""
+import argparse
+import contextlib
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import psa_fa2_ext  # noqa: E402,F401  (registers torch.ops.psa_fa2)
+from bwd_schedules import DTYPES, graph_time_us, parse_shape  # noqa: E402
+
+DK, DV = 32, 64
+WAYS = {
+    "images": {"PSA_FA2_KV_TILE_IMAGES": "1"},
+    "rows": {},
+    "none": {"PSA_FA2_DISABLE_ALIGNED_COPIES": "1"},
+}
+DEFAULT_SHAPES = ["1x4x400", "16x4x400", "16x4x401", "64x4x400", "16x4x1600", "16x4x1601",
+                  "16x4x1602", "16x4x1604", "8x4x6400", "8x4x6401", "8x4x6402", "8x4x6404",
+                  "8x4x6408", "1x2x62500", "1x2x62499", "1x2x62464"]
+
+
+@contextlib.contextmanager
+def environment(values):
+    """The kernels are picked when the graph is captured, so the switches are set around it."""
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name in values:
+            os.environ.pop(name, None)
+
+
+def forward_time(q, k, v, way):
+    scale = DK ** -0.5
+    with environment(WAYS[way]):
+        return graph_time_us(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
+    parser.add_argument("--shapes", nargs="+", type=parse_shape,
+                        default=[parse_shape(s) for s in DEFAULT_SHAPES], metavar="BxHxN")
+    args = parser.parse_args()
+    dtype = DTYPES[args.dtype]
+    print(f"{torch.cuda.get_device_name()}, {args.dtype}, ({DK}, {DV}), forward, us\n")
+    print("| B,H,N | images | rows | none | rows / images |")
+    print("|---|---|---|---|---|")
+    for B, H, N in args.shapes:
+        qkv = torch.randn(B, H, 2 * DK + DV, N, device="cuda", dtype=dtype).transpose(2, 3)
+        q, k, v = qkv.split([DK, DK, DV], dim=3)
+        first = {way: forward_time(q, k, v, way) for way in WAYS}
+        second = {way: forward_time(q, k, v, way) for way in reversed(list(WAYS))}
+        cells = [f"{first[w]:.1f} / {second[w]:.1f}" for w in WAYS]
+        gain = (first["rows"] + second["rows"]) / (first["images"] + second["images"])
+        print(f"| {B},{H},{N} | " + " | ".join(cells) + f" | {gain:.2f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
