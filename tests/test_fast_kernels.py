@@ -149,7 +149,8 @@ def test_forward_wgmma_copies_kv_to_aligned_rows(N, vec, views, dtype):
     output and lse against float64."""
     if not on_hopper():
         pytest.skip("the aligned K / V copies feed the wgmma kernel (Hopper) only")
-    check_forward_on_kv_copies((1, 2), N, views, dtype, rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 16>")
+    check_forward_on_kv_copies((1, 2), N, views, dtype,
+                               rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 16, 1>")
 
 
 def check_forward_on_kv_copies(batch_heads, N, views, dtype, kernel_pattern):
@@ -178,16 +179,19 @@ KV_IMAGE_CASES = [(1, 2), (64, 16), (65, 2), (401, 2), (1600, 16), (1602, 4), (6
 
 @pytest.mark.parametrize("N,vec", KV_IMAGE_CASES, ids=case_ids(KV_IMAGE_CASES))
 @pytest.mark.parametrize("views", ["split", "separate"])
+@pytest.mark.parametrize("warpgroups", [1, 2])
 @dtypes
-def test_forward_wgmma_reads_kv_tile_images(N, vec, views, dtype, monkeypatch):
-    """With PSA_FA2_KV_TILE_IMAGES=1, K and V are copied to tile images (one copy for the
+def test_forward_wgmma_reads_kv_tile_images(N, vec, views, warpgroups, dtype, monkeypatch):
+    """With PSA_FA2_KV_TILE_IMAGES=1 or 2, K and V are copied to tile images (one copy for the
     block's split views, two for separate tensors) and the wgmma kernel that bulk-copies them
-    runs (K / V width 0; Q and out keep their vec-byte accesses). Its output and lse against
-    float64, on several heads (each has its own images) and NaN-filled memory."""
+    runs with that many warpgroups per CTA (K / V width 0; Q and out keep their vec-byte
+    accesses; with two, N <= 64 leaves the second warpgroup without rows). Its output and lse
+    against float64, on several heads (each has its own images) and NaN-filled memory."""
     if not on_hopper():
         pytest.skip("the tile images feed the wgmma kernel (Hopper) only")
-    monkeypatch.setenv("PSA_FA2_KV_TILE_IMAGES", "1")
-    check_forward_on_kv_copies((2, 2), N, views, dtype, rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 0>")
+    monkeypatch.setenv("PSA_FA2_KV_TILE_IMAGES", str(warpgroups))
+    check_forward_on_kv_copies((2, 2), N, views, dtype,
+                               rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 0, {warpgroups}>")
 
 
 @pytest.mark.parametrize("N,vec", BWD_ALIGNED_COPY_CASES, ids=case_ids(BWD_ALIGNED_COPY_CASES))
@@ -215,7 +219,7 @@ def test_forward_wgmma_keeps_short_rows_as_given(N, vec):
     _, q, k, v = make_qkv(1, 2, N, 32, 64, torch.bfloat16, "cuda", "channel_first")
     names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast"))
     assert not any("copy_rows_kernel" in n for n in names), names
-    assert re.search(rf"flash_fwd_sm90_kernel<[^>]*, {vec}, {vec}>", " ".join(names)), names
+    assert re.search(rf"flash_fwd_sm90_kernel<[^>]*, {vec}, {vec}, 1>", " ".join(names)), names
 
 
 @pytest.mark.parametrize("N,vec", BWD_NO_COPY_CASES, ids=case_ids(BWD_NO_COPY_CASES))

@@ -3,8 +3,9 @@
 // it wait on the barrier's phase. Only what flash_fwd_sm90_kernel.cuh needs for the K / V tile
 // images (copy_rows.cu, tiled mode); callers must only use these on sm_90 or later.
 //
-// A barrier here expects one arrival per phase (the copying thread's arrive.expect_tx) plus the
-// bytes of that phase's copies; phase k of a barrier completes when both are in.
+// A barrier that copies complete expects one arrival per phase (the copying thread's
+// arrive.expect_tx) plus the bytes of that phase's copies; phase k completes when both are in.
+// One that counts threads (arrive) completes a phase when its count of arrivals is in.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,11 +15,15 @@
 namespace psa_fa2 {
 namespace bulk_copy {
 
-// One 8-byte mbarrier at `bar` (shared-state-space address) expecting one arrival per phase.
-// The initialising thread must then fence_barrier_init() and the CTA pass a barrier before any
-// thread uses it.
-__device__ __forceinline__ void init_barrier(uint32_t bar) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+// One 8-byte mbarrier at `bar` (shared-state-space address) expecting `arrivals` arrivals per
+// phase. The initialising thread must then fence_barrier_init() and the CTA pass a barrier
+// before any thread uses it.
+__device__ __forceinline__ void init_barrier(uint32_t bar, uint32_t arrivals) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
+}
+// One arrival on `bar` (with no bytes to wait for: a barrier that counts threads).
+__device__ __forceinline__ void arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 // Makes the initialised barriers visible to the async proxy that completes the copies.
 __device__ __forceinline__ void fence_barrier_init() {

@@ -52,12 +52,14 @@ Launcher find_launcher(const FwdParams& p, int vec_bytes) {
 
 #undef PSA_FA2_MATCH
 
-#define PSA_FA2_MATCH(dt, dk, dv, lay, vec, kv_vec)                                 \
+#define PSA_FA2_MATCH(dt, dk, dv, lay, vec, kv_vec, wgs)                            \
   if (p.dtype == DType::dt && p.head_dim_qk == dk && p.head_dim_v == dv &&          \
-      p.layout == Layout::lay && vec_bytes == vec && kv_bytes == kv_vec)            \
-    return &launch_flash_fwd_sm90<DType::dt, dk, dv, Layout::lay, vec, kv_vec>;
+      p.layout == Layout::lay && vec_bytes == vec && kv_bytes == kv_vec &&          \
+      warpgroups == wgs)                                                            \
+    return &launch_flash_fwd_sm90<DType::dt, dk, dv, Layout::lay, vec, kv_vec, wgs>;
 
-Launcher find_sm90_launcher(const FwdParams& p, int vec_bytes, int kv_bytes) {
+// warpgroups: per CTA; 2 only for tile images (kv_bytes == kKVTileImages).
+Launcher find_sm90_launcher(const FwdParams& p, int vec_bytes, int kv_bytes, int warpgroups = 1) {
   PSA_FA2_FLASH_FWD_SM90_INSTANCES(PSA_FA2_MATCH)
   return nullptr;
 }
@@ -86,7 +88,7 @@ Launcher select(const FwdParams& p) {
   // K and V as tile images: only the wgmma kernel reads them.
   if (p.kv_tile_images) {
     return sm90_kernels_enabled() && p.layout == Layout::kChannelFirst && w.q_out >= 2
-               ? find_sm90_launcher(p, w.q_out, kKVTileImages)
+               ? find_sm90_launcher(p, w.q_out, kKVTileImages, p.kv_tile_images)
                : nullptr;
   }
   const int vec = w.common();
@@ -125,16 +127,19 @@ bool flash_fwd_wants_aligned_kv(const FwdParams& p) {
 // K and V as tile images take the copies' addressing and the cp.async waits out of the wgmma
 // kernel's steps (flash_fwd_sm90_kernel.cuh) for a copy like the aligned rows'. Where that pays
 // has not been measured on a GPU yet (bench/tune/kv_tile_images.py does), so the images are
-// copied only where asked for: PSA_FA2_KV_TILE_IMAGES=1 (sm90_device.h).
-bool flash_fwd_wants_kv_tile_images(const FwdParams& p) {
-  if (p.kv_tile_images || !kv_tile_images_requested() || !fwd_dispatch::params_ok(p) ||
+// copied only where asked for: PSA_FA2_KV_TILE_IMAGES=1 or 2, the warpgroups per CTA
+// (sm90_device.h).
+int flash_fwd_wants_kv_tile_images(const FwdParams& p) {
+  const int warpgroups = kv_tile_images_requested();
+  if (warpgroups == 0 || p.kv_tile_images || !fwd_dispatch::params_ok(p) ||
       p.layout != Layout::kChannelFirst || !sm90_kernels_enabled() ||
       !aligned_row_copies_enabled())
-    return false;
+    return 0;
   const Widths w = widths(p);
   // The images' swizzle keys V's rows as K's (copy_rows.cu): K is whole 8-row atoms.
-  return w.q_out >= 2 && p.head_dim_qk % 8 == 0 &&
-         find_sm90_launcher(p, w.q_out, kKVTileImages) != nullptr;
+  const bool ok = w.q_out >= 2 && p.head_dim_qk % 8 == 0 &&
+                  find_sm90_launcher(p, w.q_out, kKVTileImages, warpgroups) != nullptr;
+  return ok ? warpgroups : 0;
 }
 
 void flash_fwd(const FwdParams& p, cudaStream_t stream) {

@@ -420,17 +420,17 @@ __device__ __forceinline__ void load_a_fragments(uint32_t (&qf)[kKSteps][4], uin
 // ---------------------------------------------------------------------------------------------
 // The epilogue
 // ---------------------------------------------------------------------------------------------
-// Writes lse and the normalised output of this CTA's kBlockM query rows from the warps' O
-// accumulators (C fragments, 16 rows per warp) and softmax state. The caller has made the
-// shared memory from Tr::kOOffset on free for the staging tile (every warp past its last read).
-// row_sum: this lane's partial sums of rows g and g + 8.
+// Writes lse and the normalised output of kBlockM query rows from m0 on, held by kThreads
+// threads (tid: this thread's index among them; their warps' O accumulators, C fragments of 16
+// rows per warp, and softmax state), staged in the OTile at `staging`, which the caller has
+// made free (every warp past its last read). Every thread of the CTA must call it (it holds CTA
+// barriers). row_sum: this lane's partial sums of rows g and g + 8.
 template <class Tr, DType kDtype, int kVecBytes, int kOTiles>
 __device__ __forceinline__ void store_out_lse(const FwdParams& params, const float (&o)[kOTiles][4],
                                               const float (&row_max)[2], const float (&row_sum)[2],
-                                              unsigned char* smem, int bh, int m0) {
+                                              unsigned char* staging, int bh, int m0, int tid) {
   using OTile = typename Tr::OTile;
   constexpr bool kCF = Tr::kCF;
-  const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
   const int g = lane / 4;
@@ -459,7 +459,7 @@ __device__ __forceinline__ void store_out_lse(const FwdParams& params, const flo
 
   // Stage O (normalised, converted) in shared memory so the global stores are full 16-byte
   // chunks along the unit-stride dimension: along d token-major, along tokens channel-first.
-  uint16_t* sO = reinterpret_cast<uint16_t*>(smem + Tr::kOOffset);
+  uint16_t* sO = reinterpret_cast<uint16_t*>(staging);
 #pragma unroll
   for (int i = 0; i < kOTiles; ++i) {
 #pragma unroll
@@ -566,6 +566,15 @@ __device__ __forceinline__ void store_out_lse(const FwdParams& params, const flo
   }
 }
 
+// The same for a CTA of kThreads threads and kBlockM rows, staged at Tr::kOOffset.
+template <class Tr, DType kDtype, int kVecBytes, int kOTiles>
+__device__ __forceinline__ void store_out_lse(const FwdParams& params, const float (&o)[kOTiles][4],
+                                              const float (&row_max)[2], const float (&row_sum)[2],
+                                              unsigned char* smem, int bh, int m0) {
+  store_out_lse<Tr, kDtype, kVecBytes>(params, o, row_max, row_sum, smem + Tr::kOOffset, bh, m0,
+                                       static_cast<int>(threadIdx.x));
+}
+
 // ---------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------
@@ -596,6 +605,9 @@ struct FwdTraits {
   using KTile = std::conditional_t<kCF, SmemTile<kDk, kBlockN>, SmemTile<kBlockN, kDk>>;
   using VTile = std::conditional_t<kCF, SmemTile<kDv, kBlockN>, SmemTile<kBlockN, kDv>>;
   using OTile = std::conditional_t<kCF, SmemTile<kDv, kBlockM>, SmemTile<kBlockM, kDv>>;
+  // One CTA: kThreads threads on kBlockM query rows (launch_row_tiles).
+  static constexpr int kCtaThreads = kThreads;
+  static constexpr int kRowsPerCta = kBlockM;
 
   // Layout: Q | K stage 0 | K stage 1 | V stage 0 | V stage 1. The output staging tile reuses
   // the K/V stages once the last tile is consumed (its size is at most that of the two V stages).
@@ -773,14 +785,15 @@ __global__ void __launch_bounds__(kThreads,
 // ---------------------------------------------------------------------------------------------
 // Launcher (explicitly instantiated in the generated flash_fwd_<dtype>_<dk>x<dv>_<layout>.cu)
 // ---------------------------------------------------------------------------------------------
-// kKernel (this file's or the sm_90 one, with Tr's shared memory) on the grid of kBlockM-row tiles.
+// kKernel (this file's or the sm_90 one, with Tr's shared memory and CTA size) on the grid of
+// Tr::kRowsPerCta-row tiles.
 template <class Tr, auto kKernel>
 void launch_row_tiles(const FwdParams& params, cudaStream_t stream) {
   const int bh = params.batch * params.heads;
   if (params.seqlen <= 0 || bh <= 0) return;
   constexpr int smem = Tr::kSmemBytes;
   if constexpr (smem > 48 * 1024) allow_dynamic_smem_once<kKernel>(smem);
-  kKernel<<<row_tile_grid(params.seqlen, kBlockM, bh), kThreads, smem, stream>>>(
+  kKernel<<<row_tile_grid(params.seqlen, Tr::kRowsPerCta, bh), Tr::kCtaThreads, smem, stream>>>(
       params, softmax_scale_log2(params.scale));
 }
 

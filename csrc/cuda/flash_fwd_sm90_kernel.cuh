@@ -14,8 +14,11 @@
 // mbarrier, four stages deep, which every thread waits on. That takes the per-thread copy
 // addressing, the cp.async waits and their proxy fence out of each step: by the SASS of nvcc
 // 13.0, about 200 instructions per warp on a step's common path against 260 for the 8-byte row
-// copies of 1,2,62500 ("cfs"). Not yet measured on a GPU: the dispatch copies the images only
-// where PSA_FA2_KV_TILE_IMAGES=1 asks for them.
+// copies of 1,2,62500 ("cfs"). With images a CTA may also be two warpgroups (128 rows) that
+// share every stage ("cft2"): each CTA reads all of its head's K and V from L2, which at 64
+// rows per CTA comes to about 6 TB/s at 1,2,62500 and 8,4,6400 (23 GB in 3.9 ms, 3.9 GB in
+// 0.66 ms), so halving it may matter once the steps are shorter. Neither is measured on a GPU
+// yet: the dispatch copies the images only where PSA_FA2_KV_TILE_IMAGES=1 or 2 asks for them.
 //
 // Per key tile j the warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for
 // the first, exponentiates S_j and waits for the second before packing P_j into the registers
@@ -75,7 +78,12 @@ namespace flash_fwd_detail {
 // takes the copies' addressing and the cp.async waits out of the steps. The widths differ
 // where the dispatch's caller has copied K and V to 128-byte aligned rows or to tile images
 // (attention_cuda.cpp) and left the others as they came.
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes>
+// kWarpgroups: 64-row warpgroups per CTA. With tile images it may be 2: both read each stage,
+// which halves the K / V traffic per query row (every CTA reads all of its head's K and V from
+// L2); each then takes its lazy-max decision at its own named barrier, and releases a stage
+// through an mbarrier, which the copying thread waits on before refilling it.
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes,
+          int kWarpgroups>
 struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   using Base = FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
   static constexpr bool kCF = Base::kCF;
@@ -84,6 +92,10 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static_assert(kDk % 16 == 0, "k16 steps of Q K^T");
   static constexpr bool kKVImages = kKVVecBytes == kKVTileImages;
   static_assert(!kKVImages || kCF, "tile images of channel-first K and V");
+  static_assert(kWarpgroups == 1 || (kWarpgroups == 2 && kKVImages),
+                "two warpgroups share the stages of tile images only");
+  static constexpr int kCtaThreads = 128 * kWarpgroups;
+  static constexpr int kRowsPerCta = kBlockM * kWarpgroups;
   // Tiles of 64 keys (one wgmma n64 / one 128-byte swizzle atom per row); one softmax step
   // takes kSubTiles of them. PSA_FA2_SM90_SUB_TILES (an experiment, compile-time) sets it.
   static constexpr int kTileN = 64;
@@ -99,25 +111,28 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   using VTile = std::conditional_t<kCF, SmemTile<kDv, kTileN>, SmemTile<kTileN, kDv>>;
   // Row copies (cp.async by every thread): Q | K stage 0 | K stage 1 | V stage 0 | V stage 1,
   // a stage being kSubTiles tiles, copied one step ahead.
-  // Tile images (one bulk copy per tile): Q | stage 0 .. stage kStages - 1 | their mbarriers, a
-  // stage being K tile | V tile as in the image; copied kStages - 2 steps ahead, since a stage
-  // is free again only two steps after its keys' S (the next step's P V reads its V).
-  // The output staging tile reuses the stages.
+  // Tile images (one bulk copy per tile): Q of each warpgroup | stage 0 .. stage kStages - 1 |
+  // their "full" mbarriers | with two warpgroups, their "empty" ones; a stage being K tile |
+  // V tile as in the image; copied kStages - 2 steps ahead, since a stage is free again only
+  // two steps after its keys' S (the next step's P V reads its V).
+  // The output staging tiles (one per warpgroup) reuse the stages.
   static constexpr int kStages = kKVImages ? 4 : 2;
   static constexpr int kPrefetchSteps = kStages - 2;
   static constexpr int kImageTileBytes = KTile::kBytes + VTile::kBytes;
   static constexpr int kKStageStride = kKVImages ? kImageTileBytes : kSubTiles * KTile::kBytes;
   static constexpr int kVStageStride = kKVImages ? kImageTileBytes : kSubTiles * VTile::kBytes;
   static constexpr int kQOffset = 0;
-  static constexpr int kKOffset = QTile::kBytes;
+  static constexpr int kKOffset = kWarpgroups * QTile::kBytes;
   static constexpr int kVOffset =
       kKOffset + (kKVImages ? KTile::kBytes : kStages * kKStageStride);
   static constexpr int kStagesEnd =
       kKVImages ? kKOffset + kStages * kImageTileBytes : kVOffset + kStages * kVStageStride;
-  static constexpr int kBarrierOffset = kStagesEnd;  // kStages mbarriers (tile images only)
+  static constexpr int kFullOffset = kStagesEnd;  // kStages mbarriers (tile images only)
+  static constexpr int kEmptyOffset = kFullOffset + 8 * kStages;  // (two warpgroups only)
+  static constexpr int kBarrierBytes = kKVImages ? 8 * kStages * (kWarpgroups == 1 ? 1 : 2) : 0;
   static constexpr int kOOffset = kKOffset;
-  static constexpr int kSmemBytes = kStagesEnd + (kKVImages ? 8 * kStages : 0);
-  static_assert(OTile::kBytes <= kStagesEnd - kKOffset, "staging fits");
+  static constexpr int kSmemBytes = kStagesEnd + kBarrierBytes;
+  static_assert(kWarpgroups * OTile::kBytes <= kStagesEnd - kKOffset, "staging fits");
   // The swizzle atoms of the tiles (8 rows) start at multiples of 1024 bytes.
   static_assert(kKOffset % 1024 == 0 && kVOffset % 1024 == 0 && KTile::kBytes % 1024 == 0 &&
                     VTile::kBytes % 1024 == 0,
@@ -145,16 +160,36 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
 #if defined(PSA_FA2_SM90_MIN_BLOCKS)
   static constexpr int kMinBlocks = PSA_FA2_SM90_MIN_BLOCKS;
 #else
-  static constexpr int kMinBlocks = kSubTiles == 1 && kKVVecBytes != 2 ? 4 : 2;
+  static constexpr int kMinBlocks = (kSubTiles == 1 && kKVVecBytes != 2 ? 4 : 2) / kWarpgroups;
 #endif
 };
 
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes>
+// Whether any of the 128 threads that meet at named barrier kId passes pred.
+template <int kId>
+__device__ __forceinline__ bool barrier_or(bool pred) {
+  uint32_t any;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbarrier.cta.red.or.pred q, %2, 128, p;\n"
+      "selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(static_cast<uint32_t>(pred)), "n"(kId)
+      : "memory");
+  return any != 0;
+}
+// The same over warpgroup wg (0 or 1) of the CTA, at barrier 1 + wg (0 is __syncthreads'). The
+// ids are immediates: with a register id ptxas reserves all 16 barriers for the kernel.
+__device__ __forceinline__ bool warpgroup_sync_or(int wg, bool pred) {
+  return wg == 0 ? barrier_or<1>(pred) : barrier_or<2>(pred);
+}
+
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes,
+          int kWarpgroups>
 __global__ void __launch_bounds__(
-    kThreads, Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes>::kMinBlocks)
+    (Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes, kWarpgroups>::kCtaThreads),
+    (Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes, kWarpgroups>::kMinBlocks))
     flash_fwd_sm90_kernel(const FwdParams params, const float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes>;
+  using Tr = Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes, kWarpgroups>;
   using QTile = typename Tr::QTile;
   using KTile = typename Tr::KTile;
   using VTile = typename Tr::VTile;
@@ -174,15 +209,17 @@ __global__ void __launch_bounds__(
   extern __shared__ __align__(1024) unsigned char sm90_smem[];
   unsigned char* const smem = sm90_smem;
   const uint32_t smem_base = smem_u32(smem);
-  const uint32_t sQ = smem_base + Tr::kQOffset;
+  const int tid = threadIdx.x;                           // in the CTA
+  const int wg = kWarpgroups == 1 ? 0 : tid / 128;       // this thread's warpgroup
+  const uint32_t sQ = smem_base + Tr::kQOffset + wg * QTile::kBytes;
   const uint32_t sK = smem_base + Tr::kKOffset;
   const uint32_t sV = smem_base + Tr::kVOffset;
   // The swizzle atoms must be where wgmma expects them; a misplaced window would give wrong
   // products, so fail loudly instead (the runtime has always placed it at a multiple of 1 KB).
   if (smem_base % 1024 != 0) __trap();
 
-  const int tid = threadIdx.x;
-  const int warp = tid / 32;
+  const int wtid = kWarpgroups == 1 ? tid : tid % 128;  // in the warpgroup
+  const int warp = wtid / 32;  // in the warpgroup: it owns rows 16 warp .. of the warpgroup's
   const int lane = tid % 32;
   const int t = lane % 4;
 
@@ -190,10 +227,10 @@ __global__ void __launch_bounds__(
   const int bh = blockIdx.y;
   const int b = bh / params.heads;
   const int h = bh % params.heads;
-  const int m0 = blockIdx.x * kBlockM;
+  const int m0 = blockIdx.x * Tr::kRowsPerCta + wg * kBlockM;  // this warpgroup's rows
 
   const int n_tiles = (N + kBlockN - 1) / kBlockN;
-  const TileSources<Tr, kVecBytes, Tr::kKVRowVecBytes> src(params, b, h, tid);
+  const TileSources<Tr, kVecBytes, Tr::kKVRowVecBytes> src(params, b, h, wtid);
   // Row copies: step j's keys into stage j % 2; the range checks only where the step reaches N.
   auto copy_tiles = [&](const auto& copier, uint32_t stage, int tile_bytes, const uint16_t* head,
                         int64_t rs, int j) {
@@ -219,27 +256,43 @@ __global__ void __launch_bounds__(
   };
   // Tile images: thread 0 copies tile j (K then V, as the stage holds them) into stage
   // j % kStages, whose barrier every thread waits on before its wgmmas read the tile.
-  const uint32_t barriers = smem_base + Tr::kBarrierOffset;
+  const uint32_t full = smem_base + Tr::kFullOffset;
+  const uint32_t empty = smem_base + Tr::kEmptyOffset;
   const unsigned char* const images =
       static_cast<const unsigned char*>(params.k.ptr) +
       static_cast<int64_t>(bh) * n_tiles * Tr::kImageTileBytes;
   auto copy_image = [&](int j) {
     bulk_copy::copy_block(sK + (j & Tr::kStageMask) * Tr::kKStageStride,
                           images + static_cast<int64_t>(j) * Tr::kImageTileBytes,
-                          Tr::kImageTileBytes, barriers + 8 * (j & Tr::kStageMask));
+                          Tr::kImageTileBytes, full + 8 * (j & Tr::kStageMask));
   };
   auto wait_image = [&](int j) {
-    bulk_copy::wait(barriers + 8 * (j & Tr::kStageMask), (j / Tr::kStages) & 1);
+    bulk_copy::wait(full + 8 * (j & Tr::kStageMask), (j / Tr::kStages) & 1);
+  };
+  // Two warpgroups: tile j goes into its stage once every warp has released the stage's
+  // previous tile, j - kStages (release_image).
+  auto wait_stage_free = [&](int j) {
+    if (kWarpgroups > 1 && j >= Tr::kStages) {
+      bulk_copy::wait(empty + 8 * (j & Tr::kStageMask), ((j / Tr::kStages) & 1) ^ 1);
+    }
+  };
+  auto release_image = [&](int j) {
+    if (kWarpgroups > 1 && lane == 0) bulk_copy::arrive(empty + 8 * (j & Tr::kStageMask));
   };
 
   if constexpr (Tr::kKVImages) {
     // Prologue: the barriers, then Q, and the images of the first kPrefetchSteps + 1 tiles.
     if (tid == 0) {
 #pragma unroll
-      for (int i = 0; i < Tr::kStages; ++i) bulk_copy::init_barrier(barriers + 8 * i);
+      for (int i = 0; i < Tr::kStages; ++i) {
+        bulk_copy::init_barrier(full + 8 * i, 1);
+        if (kWarpgroups > 1) bulk_copy::init_barrier(empty + 8 * i, 4 * kWarpgroups);
+      }
       bulk_copy::fence_barrier_init();
     }
-    src.q_copier.copy(sQ, src.q_at(m0), N - m0);
+    // A warpgroup wholly past N (the last CTA's second one) copies zeros from a valid address.
+    const bool any_rows = m0 < N;
+    src.q_copier.copy(sQ, src.q_at(any_rows ? m0 : 0), any_rows ? N - m0 : 0);
     cp_async_commit();
     __syncthreads();  // the barriers are initialised
     if (tid == 0) {
@@ -382,7 +435,8 @@ __global__ void __launch_bounds__(
       cp_async_wait<0>();
       wgmma::fence_proxy_async_shared();
     }
-    if (!__syncthreads_or(above)) {
+    const bool redo = kWarpgroups == 1 ? __syncthreads_or(above) : warpgroup_sync_or(wg, above);
+    if (!redo) {
       row_sum[0] += sums[0];
       row_sum[1] += sums[1];
       return;
@@ -405,8 +459,12 @@ __global__ void __launch_bounds__(
     // K stage (j+1) % 2 and V stage j % 2 may be refilled.
     settle_tile(j - 1, std::false_type{});
     if constexpr (Tr::kKVImages) {
-      // Every thread is past tile j - 2's P V: its stage takes tile j + kPrefetchSteps.
-      if (tid == 0 && j + Tr::kPrefetchSteps < n_tiles) copy_image(j + Tr::kPrefetchSteps);
+      // Every thread (of this warpgroup; with two, the empty barrier tells for the other) is
+      // past tile j - 2's P V: its stage takes tile j + kPrefetchSteps.
+      if (tid == 0 && j + Tr::kPrefetchSteps < n_tiles) {
+        wait_stage_free(j + Tr::kPrefetchSteps);
+        copy_image(j + Tr::kPrefetchSteps);
+      }
       wait_image(j);
     } else {
       if constexpr (!kLast) copy_k(j + 1);
@@ -426,6 +484,7 @@ __global__ void __launch_bounds__(
     wgmma::wait_group<0>();  // P_{j-1} V_{j-1} is done with pf
     wgmma::pin(o);
     wgmma::pin(pf);
+    if constexpr (Tr::kKVImages) release_image(j - 1);  // its S was redone, if at all, above
     pack_p(s, pf);
     above = above_slack(pf);
   };
@@ -439,9 +498,15 @@ __global__ void __launch_bounds__(
   issue_pv(o, pf, n_tiles - 1);
   wgmma::wait_group<0>();
   wgmma::pin(o);
-  // Every thread is done reading K / V, which the output staging tile reuses.
+  // Every thread is done reading K / V, which the output staging tiles reuse.
   __syncthreads();
-  store_out_lse<Tr, kDtype, kVecBytes>(params, o, row_max, row_sum, smem, bh, m0);
+  if constexpr (kWarpgroups == 1) {
+    store_out_lse<Tr, kDtype, kVecBytes>(params, o, row_max, row_sum, smem, bh, m0);
+  } else {
+    store_out_lse<Tr, kDtype, kVecBytes>(params, o, row_max, row_sum,
+                                         smem + Tr::kOOffset + wg * Tr::OTile::kBytes, bh, m0,
+                                         wtid);
+  }
 #endif
 }
 
@@ -449,11 +514,13 @@ __global__ void __launch_bounds__(
 
 // Explicitly instantiated in the generated flash_fwd_sm90_*.cu files, declared in
 // flash_fwd_sm90_instances.h.
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes>
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes,
+          int kWarpgroups>
 void launch_flash_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   using namespace flash_fwd_detail;
-  launch_row_tiles<Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes>,
-                   flash_fwd_sm90_kernel<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes>>(
+  launch_row_tiles<
+      Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes, kWarpgroups>,
+      flash_fwd_sm90_kernel<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes, kWarpgroups>>(
       params, stream);
 }
 

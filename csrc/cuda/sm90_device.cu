@@ -54,6 +54,12 @@ bool sm90_kernels_enabled() { return !env_flag_set("PSA_FA2_DISABLE_SM90") && on
 
 bool aligned_row_copies_enabled() { return !env_flag_set("PSA_FA2_DISABLE_ALIGNED_COPIES"); }
 
-bool kv_tile_images_requested() { return env_flag_set("PSA_FA2_KV_TILE_IMAGES"); }
+int kv_tile_images_requested() {
+  const char* value = std::getenv("PSA_FA2_KV_TILE_IMAGES");
+  if (value == nullptr) return 0;
+  if (std::strcmp(value, "1") == 0) return 1;
+  if (std::strcmp(value, "2") == 0) return 2;
+  return 0;
+}
 
 }  // namespace psa_fa2
