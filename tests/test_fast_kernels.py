@@ -172,8 +172,9 @@ def check_forward_on_kv_copies(batch_heads, N, views, dtype, kernel_pattern):
     assert_lse_close(lse, q, k, scale)
 
 
-# (N, Q / out access width): one 64-key tile and a partial one, whole tiles, each width.
-KV_IMAGE_CASES = [(1, 2), (64, 16), (65, 2), (401, 2), (1600, 16), (1602, 4), (6404, 8),
+# (N, Q / out access width): one partial 64-key tile (N = 1 would be token-major as well, which
+# the op prefers), one whole tile, a whole and a partial one, several tiles at each width.
+KV_IMAGE_CASES = [(7, 2), (64, 16), (65, 2), (401, 2), (1600, 16), (1602, 4), (6404, 8),
                   (8193, 2)]
 
 
