@@ -125,12 +125,25 @@ bool flash_fwd_wants_aligned_kv(const FwdParams& p) {
 }
 
 // K and V as tile images take the copies' addressing and the cp.async waits out of the wgmma
-// kernel's steps (flash_fwd_sm90_kernel.cuh) for a copy like the aligned rows'. Where that pays
-// has not been measured on a GPU yet (bench/tune/kv_tile_images.py does), so the images are
-// copied only where asked for: PSA_FA2_KV_TILE_IMAGES=1 or 2, the warpgroups per CTA
-// (sm90_device.h).
+// kernel's steps (flash_fwd_sm90_kernel.cuh) for a copy like the aligned rows', and let CTAs of
+// two warpgroups share each tile. Measured on the H200 (bench/tune/kv_tile_images.py, bf16,
+// split views, copies included; bench/results/h200-2026-12-01-12c03e1), gain over the default
+// before them (aligned rows or the views as given):
+//   one warpgroup per CTA:  0.58-0.89x at N = 400, 0.80-1.01x at 1600, 0.96-1.06x at 6400,
+//                           0.98-1.05x at 12800-100000;
+//   two warpgroups per CTA: 0.53-0.88x at 400, 0.76-0.95x at 1600, 0.95-1.07x at 6400,
+//                           1.03x at 4,4,12800, 1.10x at 2,2,31250, 1.05x at 1,4,40000,
+//                           1.02-1.05x at 1,2,62464-62500, 1.09x at 1,1,100000.
+// So from kKVTileImagesMinSeqlen tokens on (every row width gained there) the caller copies the
+// images for two warpgroups; PSA_FA2_KV_TILE_IMAGES=0 / 1 / 2 overrides that (sm90_device.h).
+constexpr int kKVTileImagesMinSeqlen = 12800;
+constexpr int kKVTileImagesWarpgroups = 2;
+
 int flash_fwd_wants_kv_tile_images(const FwdParams& p) {
-  const int warpgroups = kv_tile_images_requested();
+  const int requested = kv_tile_images_requested();
+  const int warpgroups =
+      requested >= 0 ? requested
+                     : (p.seqlen >= kKVTileImagesMinSeqlen ? kKVTileImagesWarpgroups : 0);
   if (warpgroups == 0 || p.kv_tile_images || !fwd_dispatch::params_ok(p) ||
       p.layout != Layout::kChannelFirst || !sm90_kernels_enabled() ||
       !aligned_row_copies_enabled())

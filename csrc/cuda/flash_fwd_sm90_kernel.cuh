@@ -14,11 +14,12 @@
 // mbarrier, four stages deep, which every thread waits on. That takes the per-thread copy
 // addressing, the cp.async waits and their proxy fence out of each step: by the SASS of nvcc
 // 13.0, about 200 instructions per warp on a step's common path against 260 for the 8-byte row
-// copies of 1,2,62500 ("cfs"). With images a CTA may also be two warpgroups (128 rows) that
-// share every stage ("cft2"): each CTA reads all of its head's K and V from L2, which at 64
-// rows per CTA comes to about 6 TB/s at 1,2,62500 and 8,4,6400 (23 GB in 3.9 ms, 3.9 GB in
-// 0.66 ms), so halving it may matter once the steps are shorter. Neither is measured on a GPU
-// yet: the dispatch copies the images only where PSA_FA2_KV_TILE_IMAGES=1 or 2 asks for them.
+// copies of 1,2,62500 ("cfs"). On the H200 that alone gained nothing (0.98-1.05x from 12800
+// tokens on, bench/results/h200-2026-12-01-12c03e1): the kernel is latency-bound, not
+// issue-bound. With images a CTA may also be two warpgroups (128 rows) that share every stage
+// ("cft2"): each CTA reads all of its head's K and V from L2, which at 64 rows per CTA comes
+// to about 6 TB/s at 1,2,62500 and 8,4,6400 (23 GB in 3.9 ms, 3.9 GB in 0.66 ms). That gained
+// 1.02-1.10x from 12800 tokens on (and lost below), which is where the dispatch uses it.
 //
 // Per key tile j the warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for
 // the first, exponentiates S_j and waits for the second before packing P_j into the registers

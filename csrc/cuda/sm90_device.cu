@@ -56,10 +56,11 @@ bool aligned_row_copies_enabled() { return !env_flag_set("PSA_FA2_DISABLE_ALIGNE
 
 int kv_tile_images_requested() {
   const char* value = std::getenv("PSA_FA2_KV_TILE_IMAGES");
-  if (value == nullptr) return 0;
+  if (value == nullptr) return -1;
+  if (std::strcmp(value, "0") == 0) return 0;
   if (std::strcmp(value, "1") == 0) return 1;
   if (std::strcmp(value, "2") == 0) return 2;
-  return 0;
+  return -1;
 }
 
 }  // namespace psa_fa2

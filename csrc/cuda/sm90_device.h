@@ -15,10 +15,10 @@ bool sm90_kernels_enabled();
 // PSA_FA2_DISABLE_ALIGNED_COPIES=1 turns that off (benchmarks of the copies), read per call.
 bool aligned_row_copies_enabled();
 
-// Whether the forward may copy K and V to tile images (flash_fwd_wants_kv_tile_images), and for
-// CTAs of how many warpgroups: PSA_FA2_KV_TILE_IMAGES=1 or 2, read per call; 0 (no images)
-// when it is unset or anything else. PSA_FA2_DISABLE_ALIGNED_COPIES=1 turns these copies off
-// as well.
+// PSA_FA2_KV_TILE_IMAGES, read per call: 1 or 2 copies K and V to tile images wherever the
+// forward can read them, with CTAs of that many warpgroups; 0 never; -1 (unset or anything
+// else): where the dispatch's measured threshold says (flash_fwd_wants_kv_tile_images).
+// PSA_FA2_DISABLE_ALIGNED_COPIES=1 turns these copies off as well.
 int kv_tile_images_requested();
 
 // Streaming multiprocessors of the current device (cached per device; 0 if it cannot be read).
