@@ -134,8 +134,10 @@ bool flash_fwd_wants_aligned_kv(const FwdParams& p) {
 //   two warpgroups per CTA: 0.53-0.88x at 400, 0.76-0.95x at 1600, 0.95-1.07x at 6400,
 //                           1.03x at 4,4,12800, 1.10x at 2,2,31250, 1.05x at 1,4,40000,
 //                           1.02-1.05x at 1,2,62464-62500, 1.09x at 1,1,100000.
-// So from kKVTileImagesMinSeqlen tokens on (every row width gained there) the caller copies the
-// images for two warpgroups; PSA_FA2_KV_TILE_IMAGES=0 / 1 / 2 overrides that (sm90_device.h).
+// In fp16 (kv_tile_images_long_fp16.md) two warpgroups were 0.99-1.01x at 12800-62500 and
+// 1.02x at 8,4,6404: neither gain nor loss. So from kKVTileImagesMinSeqlen tokens on (every
+// row width gained there in bf16) the caller copies the images for two warpgroups;
+// PSA_FA2_KV_TILE_IMAGES=0 / 1 / 2 overrides that (sm90_device.h).
 constexpr int kKVTileImagesMinSeqlen = 12800;
 constexpr int kKVTileImagesWarpgroups = 2;
 
