@@ -2,11 +2,12 @@
 // flash_fwd_kernel.cuh, with the two products on asynchronous warpgroup MMAs (wgmma.cuh)
 // instead of mma.sync.
 //
-// One CTA is one warpgroup (4 warps) and computes 64 query rows of one (batch, head). Q stays
-// in registers (the A fragments, loaded with ldmatrix as in the mma.sync kernel); K and V
-// tiles of 64 keys go through double-buffered shared memory (cp.async) in the swizzled layout of
-// the mma.sync kernel, which is one of wgmma's own: channel-first K and token-major V are read
-// transposed (MN-major), token-major K and channel-first V as they are (K-major).
+// One CTA is one warpgroup (4 warps) and computes 64 query rows of one (batch, head); with tile
+// images (below) it may be two warpgroups on 128 rows. Q stays in registers (the A fragments,
+// loaded with ldmatrix as in the mma.sync kernel); K and V tiles of 64 keys go through
+// double-buffered shared memory (cp.async) in the swizzled layout of the mma.sync kernel, which
+// is one of wgmma's own: channel-first K and token-major V are read transposed (MN-major),
+// token-major K and channel-first V as they are (K-major).
 //
 // K and V may instead come as tile images (kKVVecBytes == kKVTileImages; the caller copies
 // them, flash_fwd_wants_kv_tile_images): each 64-key tile of K and V already in the order and
@@ -257,28 +258,28 @@ __global__ void __launch_bounds__(
   };
   // Tile images: thread 0 copies tile j (K then V, as the stage holds them) into stage
   // j % kStages, whose barrier every thread waits on before its wgmmas read the tile.
-  const uint32_t full = smem_base + Tr::kFullOffset;
-  const uint32_t empty = smem_base + Tr::kEmptyOffset;
+  const uint32_t full_bars = smem_base + Tr::kFullOffset;
+  const uint32_t empty_bars = smem_base + Tr::kEmptyOffset;
   const unsigned char* const images =
       static_cast<const unsigned char*>(params.k.ptr) +
       static_cast<int64_t>(bh) * n_tiles * Tr::kImageTileBytes;
   auto copy_image = [&](int j) {
     bulk_copy::copy_block(sK + (j & Tr::kStageMask) * Tr::kKStageStride,
                           images + static_cast<int64_t>(j) * Tr::kImageTileBytes,
-                          Tr::kImageTileBytes, full + 8 * (j & Tr::kStageMask));
+                          Tr::kImageTileBytes, full_bars + 8 * (j & Tr::kStageMask));
   };
   auto wait_image = [&](int j) {
-    bulk_copy::wait(full + 8 * (j & Tr::kStageMask), (j / Tr::kStages) & 1);
+    bulk_copy::wait(full_bars + 8 * (j & Tr::kStageMask), (j / Tr::kStages) & 1);
   };
   // Two warpgroups: tile j goes into its stage once every warp has released the stage's
   // previous tile, j - kStages (release_image).
   auto wait_stage_free = [&](int j) {
     if (kWarpgroups > 1 && j >= Tr::kStages) {
-      bulk_copy::wait(empty + 8 * (j & Tr::kStageMask), ((j / Tr::kStages) & 1) ^ 1);
+      bulk_copy::wait(empty_bars + 8 * (j & Tr::kStageMask), ((j / Tr::kStages) & 1) ^ 1);
     }
   };
   auto release_image = [&](int j) {
-    if (kWarpgroups > 1 && lane == 0) bulk_copy::arrive(empty + 8 * (j & Tr::kStageMask));
+    if (kWarpgroups > 1 && lane == 0) bulk_copy::arrive(empty_bars + 8 * (j & Tr::kStageMask));
   };
 
   if constexpr (Tr::kKVImages) {
@@ -286,8 +287,8 @@ __global__ void __launch_bounds__(
     if (tid == 0) {
 #pragma unroll
       for (int i = 0; i < Tr::kStages; ++i) {
-        bulk_copy::init_barrier(full + 8 * i, 1);
-        if (kWarpgroups > 1) bulk_copy::init_barrier(empty + 8 * i, 4 * kWarpgroups);
+        bulk_copy::init_barrier(full_bars + 8 * i, 1);
+        if (kWarpgroups > 1) bulk_copy::init_barrier(empty_bars + 8 * i, 4 * kWarpgroups);
       }
       bulk_copy::fence_barrier_init();
     }
