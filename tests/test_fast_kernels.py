@@ -149,8 +149,7 @@ def test_forward_wgmma_copies_kv_to_aligned_rows(N, vec, views, dtype):
     output and lse against float64."""
     if not on_hopper():
         pytest.skip("the aligned K / V copies feed the wgmma kernel (Hopper) only")
-    check_forward_on_kv_copies((1, 2), N, views, dtype,
-                               rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 16, 1>")
+    check_forward_on_kv_copies((1, 2), N, views, dtype, rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 16>")
 
 
 def check_forward_on_kv_copies(batch_heads, N, views, dtype, kernel_pattern):
@@ -180,19 +179,17 @@ KV_IMAGE_CASES = [(7, 2), (64, 16), (65, 2), (401, 2), (1600, 16), (1602, 4), (6
 
 @pytest.mark.parametrize("N,vec", KV_IMAGE_CASES, ids=case_ids(KV_IMAGE_CASES))
 @pytest.mark.parametrize("views", ["split", "separate"])
-@pytest.mark.parametrize("warpgroups", [1, 2])
 @dtypes
-def test_forward_wgmma_reads_kv_tile_images(N, vec, views, warpgroups, dtype, monkeypatch):
-    """With PSA_FA2_KV_TILE_IMAGES=1 or 2, K and V are copied to tile images (one copy for the
+def test_forward_wgmma_reads_kv_tile_images(N, vec, views, dtype, monkeypatch):
+    """With PSA_FA2_KV_TILE_IMAGES=1, K and V are copied to tile images (one copy for the
     block's split views, two for separate tensors) and the wgmma kernel that bulk-copies them
-    runs with that many warpgroups per CTA (K / V width 0; Q and out keep their vec-byte
-    accesses; with two, N <= 64 leaves the second warpgroup without rows). Its output and lse
-    against float64, on several heads (each has its own images) and NaN-filled memory."""
+    into CTAs of two warpgroups runs (K / V width 0; Q and out keep their vec-byte accesses;
+    N <= 64 leaves the second warpgroup without rows). Its output and lse against float64, on
+    several heads (each has its own images) and NaN-filled memory."""
     if not on_hopper():
         pytest.skip("the tile images feed the wgmma kernel (Hopper) only")
-    monkeypatch.setenv("PSA_FA2_KV_TILE_IMAGES", str(warpgroups))
-    check_forward_on_kv_copies((2, 2), N, views, dtype,
-                               rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 0, {warpgroups}>")
+    monkeypatch.setenv("PSA_FA2_KV_TILE_IMAGES", "1")
+    check_forward_on_kv_copies((2, 2), N, views, dtype, rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 0>")
 
 
 LONG_ROW_IMAGE_CASES = [(12800, 16), (12801, 2)]
@@ -200,15 +197,15 @@ LONG_ROW_IMAGE_CASES = [(12800, 16), (12801, 2)]
 
 @pytest.mark.parametrize("N,vec", LONG_ROW_IMAGE_CASES, ids=case_ids(LONG_ROW_IMAGE_CASES))
 def test_forward_wgmma_reads_kv_tile_images_on_long_rows(N, vec):
-    """From 12800 tokens on the forward copies K and V to tile images by default (two
-    warpgroups per CTA), on 128-byte aligned rows as on 2-byte ones; at 12799, it does not."""
+    """From 12800 tokens on the forward copies K and V to tile images by default, on 128-byte
+    aligned rows as on 2-byte ones; at 12799, it does not."""
     if not on_hopper():
         pytest.skip("the tile images feed the wgmma kernel (Hopper) only")
     check_forward_on_kv_copies((1, 1), N, "split", torch.bfloat16,
-                               rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 0, 2>")
+                               rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 0>")
     _, q, k, v = make_qkv(1, 1, 12799, 32, 64, torch.bfloat16, "cuda", "channel_first")
     names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast"))
-    assert not re.search(r"flash_fwd_sm90_kernel<[^>]*, 0, \d>", " ".join(names)), names
+    assert not re.search(r"flash_fwd_sm90_kernel<[^>]*, 0>", " ".join(names)), names
 
 
 @pytest.mark.parametrize("N,vec", BWD_ALIGNED_COPY_CASES, ids=case_ids(BWD_ALIGNED_COPY_CASES))
@@ -236,7 +233,7 @@ def test_forward_wgmma_keeps_short_rows_as_given(N, vec):
     _, q, k, v = make_qkv(1, 2, N, 32, 64, torch.bfloat16, "cuda", "channel_first")
     names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast"))
     assert not any("copy_rows_kernel" in n for n in names), names
-    assert re.search(rf"flash_fwd_sm90_kernel<[^>]*, {vec}, {vec}, 1>", " ".join(names)), names
+    assert re.search(rf"flash_fwd_sm90_kernel<[^>]*, {vec}, {vec}>", " ".join(names)), names
 
 
 @pytest.mark.parametrize("N,vec", BWD_NO_COPY_CASES, ids=case_ids(BWD_NO_COPY_CASES))

@@ -50,7 +50,7 @@ template <class T, int kVec>
 void launch(const FwdParams& p) {
   if constexpr (sizeof(T) == 2) {
     if (g_sm90) {
-      launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, kVec, kVec, 1>(p, 0);
+      launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, kVec, kVec>(p, 0);
     } else {
       launch_flash_fwd<DType::kBFloat16, 32, 64, Layout::kChannelFirst, kVec>(p, 0);
     }

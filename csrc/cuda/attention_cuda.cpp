@@ -72,13 +72,13 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   if (use_fast(impl, fast_supported, s, q.scalar_type(), "forward")) {
     if (fp32) {
       flash_fwd_f32(p, stream);
-    } else if (const int warpgroups = flash_fwd_wants_kv_tile_images(p)) {
+    } else if (flash_fwd_wants_kv_tile_images(p)) {
       // The images are freed after the launch; the allocator reuses them in stream order.
       const at::Tensor images = kv_tile_images_copy(k, v, stream);
       FwdParams tiled = p;
       tiled.k.ptr = images.data_ptr();
       tiled.v.ptr = nullptr;
-      tiled.kv_tile_images = warpgroups;
+      tiled.kv_tile_images = true;
       flash_fwd(tiled, stream);
     } else if (flash_fwd_wants_aligned_kv(p)) {
       // The copies are freed after the launch; the allocator reuses them in stream order.

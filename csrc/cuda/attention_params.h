@@ -35,10 +35,9 @@ struct FwdParams {
   DType dtype;   // dtype of q, k, v and out
   Layout layout; // shared by q, k, v and out
   bool allow_tf32;  // fp32 inputs only: TF32 tensor cores allowed (matmul precision != "highest")
-  // Fast Hopper forward only: 0, or the warpgroups per CTA (1 or 2) of the kernel that reads K
-  // and V as 64-key tile images from k.ptr (RowCopy's tiled mode, dk + dv channels per tile);
-  // k's strides and v are then not read.
-  int kv_tile_images;
+  // Fast Hopper forward only: k.ptr holds K and V as 64-key tile images (RowCopy's tiled mode,
+  // dk + dv channels per tile), and k's strides and v are not read.
+  bool kv_tile_images;
 };
 
 struct BwdParams {

@@ -52,14 +52,12 @@ Launcher find_launcher(const FwdParams& p, int vec_bytes) {
 
 #undef PSA_FA2_MATCH
 
-#define PSA_FA2_MATCH(dt, dk, dv, lay, vec, kv_vec, wgs)                            \
+#define PSA_FA2_MATCH(dt, dk, dv, lay, vec, kv_vec)                                 \
   if (p.dtype == DType::dt && p.head_dim_qk == dk && p.head_dim_v == dv &&          \
-      p.layout == Layout::lay && vec_bytes == vec && kv_bytes == kv_vec &&          \
-      warpgroups == wgs)                                                            \
-    return &launch_flash_fwd_sm90<DType::dt, dk, dv, Layout::lay, vec, kv_vec, wgs>;
+      p.layout == Layout::lay && vec_bytes == vec && kv_bytes == kv_vec)            \
+    return &launch_flash_fwd_sm90<DType::dt, dk, dv, Layout::lay, vec, kv_vec>;
 
-// warpgroups: per CTA; 2 only for tile images (kv_bytes == kKVTileImages).
-Launcher find_sm90_launcher(const FwdParams& p, int vec_bytes, int kv_bytes, int warpgroups = 1) {
+Launcher find_sm90_launcher(const FwdParams& p, int vec_bytes, int kv_bytes) {
   PSA_FA2_FLASH_FWD_SM90_INSTANCES(PSA_FA2_MATCH)
   return nullptr;
 }
@@ -88,7 +86,7 @@ Launcher select(const FwdParams& p) {
   // K and V as tile images: only the wgmma kernel reads them.
   if (p.kv_tile_images) {
     return sm90_kernels_enabled() && p.layout == Layout::kChannelFirst && w.q_out >= 2
-               ? find_sm90_launcher(p, w.q_out, kKVTileImages, p.kv_tile_images)
+               ? find_sm90_launcher(p, w.q_out, kKVTileImages)
                : nullptr;
   }
   const int vec = w.common();
@@ -124,37 +122,30 @@ bool flash_fwd_wants_aligned_kv(const FwdParams& p) {
          find_sm90_launcher(p, w.q_out, 16) != nullptr;
 }
 
-// K and V as tile images take the copies' addressing and the cp.async waits out of the wgmma
-// kernel's steps (flash_fwd_sm90_kernel.cuh) for a copy like the aligned rows', and let CTAs of
-// two warpgroups share each tile. Measured on the H200 (bench/tune/kv_tile_images.py, bf16,
-// split views, copies included; bench/results/h200-2026-12-01-12c03e1), gain over the default
-// before them (aligned rows or the views as given):
-//   one warpgroup per CTA:  0.58-0.89x at N = 400, 0.80-1.01x at 1600, 0.96-1.06x at 6400,
-//                           0.98-1.05x at 12800-100000;
-//   two warpgroups per CTA: 0.53-0.88x at 400, 0.76-0.95x at 1600, 0.95-1.07x at 6400,
-//                           1.03x at 4,4,12800, 1.10x at 2,2,31250, 1.05x at 1,4,40000,
-//                           1.02-1.05x at 1,2,62464-62500, 1.09x at 1,1,100000.
-// In fp16 (kv_tile_images_long_fp16.md) two warpgroups were 0.99-1.01x at 12800-62500 and
-// 1.02x at 8,4,6404: neither gain nor loss. So from kKVTileImagesMinSeqlen tokens on (every
-// row width gained there in bf16) the caller copies the images for two warpgroups;
-// PSA_FA2_KV_TILE_IMAGES=0 / 1 / 2 overrides that (sm90_device.h).
+// K and V as tile images, read by CTAs of two warpgroups that share each tile (the "cft"
+// kernels, flash_fwd_sm90_kernel.cuh), for a copy like the aligned rows'. Measured on the H200
+// (bench/tune/kv_tile_images.py, bf16, split views, copies included;
+// bench/results/h200-2026-12-01-12c03e1, column "images 2 wg"), gain over the default before
+// them (aligned rows or the views as given): 0.53-0.88x at N = 400, 0.76-0.95x at 1600,
+// 0.95-1.07x at 6400, 1.03x at 4,4,12800, 1.10x at 2,2,31250, 1.05x at 1,4,40000, 1.02-1.05x
+// at 1,2,62464-62500, 1.09x at 1,1,100000. In fp16 (kv_tile_images_long_fp16.md) they were
+// 0.99-1.01x at 12800-62500: neither gain nor loss. So from kKVTileImagesMinSeqlen tokens on
+// (every row width gained there in bf16) the caller copies the images;
+// PSA_FA2_KV_TILE_IMAGES=0 / 1 overrides that (sm90_device.h).
 constexpr int kKVTileImagesMinSeqlen = 12800;
-constexpr int kKVTileImagesWarpgroups = 2;
 
-int flash_fwd_wants_kv_tile_images(const FwdParams& p) {
-  const int requested = kv_tile_images_requested();
-  const int warpgroups =
-      requested >= 0 ? requested
-                     : (p.seqlen >= kKVTileImagesMinSeqlen ? kKVTileImagesWarpgroups : 0);
-  if (warpgroups == 0 || p.kv_tile_images || !fwd_dispatch::params_ok(p) ||
+bool flash_fwd_wants_kv_tile_images(const FwdParams& p) {
+  const CopyChoice choice = kv_tile_images_choice();
+  const bool wanted = choice == CopyChoice::kMeasured ? p.seqlen >= kKVTileImagesMinSeqlen
+                                                      : choice == CopyChoice::kAlways;
+  if (!wanted || p.kv_tile_images || !fwd_dispatch::params_ok(p) ||
       p.layout != Layout::kChannelFirst || !sm90_kernels_enabled() ||
       !aligned_row_copies_enabled())
-    return 0;
+    return false;
   const Widths w = widths(p);
   // The images' swizzle keys V's rows as K's (copy_rows.cu): K is whole 8-row atoms.
-  const bool ok = w.q_out >= 2 && p.head_dim_qk % 8 == 0 &&
-                  find_sm90_launcher(p, w.q_out, kKVTileImages, warpgroups) != nullptr;
-  return ok ? warpgroups : 0;
+  return w.q_out >= 2 && p.head_dim_qk % 8 == 0 &&
+         find_sm90_launcher(p, w.q_out, kKVTileImages) != nullptr;
 }
 
 void flash_fwd(const FwdParams& p, cudaStream_t stream) {

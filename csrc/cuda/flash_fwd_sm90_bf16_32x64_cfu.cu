@@ -2,10 +2,10 @@
 #include "flash_fwd_sm90_kernel.cuh"
 
 namespace psa_fa2 {
-template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, 8, 1>(
+template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, 8>(
     const FwdParams&, cudaStream_t);
-template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, 4, 1>(
+template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, 4>(
     const FwdParams&, cudaStream_t);
-template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 2, 1>(
+template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 2>(
     const FwdParams&, cudaStream_t);
 }  // namespace psa_fa2

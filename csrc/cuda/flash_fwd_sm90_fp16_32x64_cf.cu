@@ -2,6 +2,6 @@
 #include "flash_fwd_sm90_kernel.cuh"
 
 namespace psa_fa2 {
-template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, 16, 1>(
+template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, 16>(
     const FwdParams&, cudaStream_t);
 }  // namespace psa_fa2

@@ -2,10 +2,10 @@
 #include "flash_fwd_sm90_kernel.cuh"
 
 namespace psa_fa2 {
-template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 16, 1>(
+template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 16>(
     const FwdParams&, cudaStream_t);
-template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 16, 1>(
+template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 16>(
     const FwdParams&, cudaStream_t);
-template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 16, 1>(
+template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 16>(
     const FwdParams&, cudaStream_t);
 }  // namespace psa_fa2

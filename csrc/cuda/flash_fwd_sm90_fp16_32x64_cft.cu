@@ -2,12 +2,12 @@
 #include "flash_fwd_sm90_kernel.cuh"
 
 namespace psa_fa2 {
-template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, 0, 1>(
+template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, 0>(
     const FwdParams&, cudaStream_t);
-template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 0, 1>(
+template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 0>(
     const FwdParams&, cudaStream_t);
-template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 0, 1>(
+template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 0>(
     const FwdParams&, cudaStream_t);
-template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 0, 1>(
+template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 0>(
     const FwdParams&, cudaStream_t);
 }  // namespace psa_fa2

@@ -8,107 +8,83 @@
 
 namespace psa_fa2 {
 
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes, int kWarpgroups>
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes>
 void launch_flash_fwd_sm90(const FwdParams& params, cudaStream_t stream);
 
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kTokenMajor, 16, 16, 1>(
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kTokenMajor, 16, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16, 16, 1>(
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, 8, 1>(
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, 8>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, 4, 1>(
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, 4>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 2, 1>(
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 2>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, 16, 1>(
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, 16, 1>(
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 16, 1>(
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16, 0, 1>(
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16, 0>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, 0, 1>(
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, 0>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, 0, 1>(
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, 0>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 0, 1>(
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 0>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16, 0, 2>(
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kTokenMajor, 16, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, 0, 2>(
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, 0, 2>(
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 8>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 0, 2>(
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 4>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kTokenMajor, 16, 16, 1>(
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 2>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, 16, 1>(
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 8, 1>(
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 4, 1>(
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 16>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 2, 1>(
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, 0>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 16, 1>(
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 0>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 16, 1>(
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 0>(
     const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 16, 1>(
-    const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, 0, 1>(
-    const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 0, 1>(
-    const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 0, 1>(
-    const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 0, 1>(
-    const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, 0, 2>(
-    const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 0, 2>(
-    const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 0, 2>(
-    const FwdParams&, cudaStream_t);
-extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 0, 2>(
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 0>(
     const FwdParams&, cudaStream_t);
 
 }  // namespace psa_fa2
 
-// X(dtype, dk, dv, layout, vec_bytes, kv_vec_bytes, warpgroups) for every instantiation above.
+// X(dtype, dk, dv, layout, vec_bytes, kv_vec_bytes) for every instantiation above.
 #define PSA_FA2_FLASH_FWD_SM90_INSTANCES(X) \
-  X(kBFloat16, 32, 64, kTokenMajor, 16, 16, 1) \
-  X(kBFloat16, 32, 64, kChannelFirst, 16, 16, 1) \
-  X(kBFloat16, 32, 64, kChannelFirst, 8, 8, 1) \
-  X(kBFloat16, 32, 64, kChannelFirst, 4, 4, 1) \
-  X(kBFloat16, 32, 64, kChannelFirst, 2, 2, 1) \
-  X(kBFloat16, 32, 64, kChannelFirst, 8, 16, 1) \
-  X(kBFloat16, 32, 64, kChannelFirst, 4, 16, 1) \
-  X(kBFloat16, 32, 64, kChannelFirst, 2, 16, 1) \
-  X(kBFloat16, 32, 64, kChannelFirst, 16, 0, 1) \
-  X(kBFloat16, 32, 64, kChannelFirst, 8, 0, 1) \
-  X(kBFloat16, 32, 64, kChannelFirst, 4, 0, 1) \
-  X(kBFloat16, 32, 64, kChannelFirst, 2, 0, 1) \
-  X(kBFloat16, 32, 64, kChannelFirst, 16, 0, 2) \
-  X(kBFloat16, 32, 64, kChannelFirst, 8, 0, 2) \
-  X(kBFloat16, 32, 64, kChannelFirst, 4, 0, 2) \
-  X(kBFloat16, 32, 64, kChannelFirst, 2, 0, 2) \
-  X(kFloat16, 32, 64, kTokenMajor, 16, 16, 1) \
-  X(kFloat16, 32, 64, kChannelFirst, 16, 16, 1) \
-  X(kFloat16, 32, 64, kChannelFirst, 8, 8, 1) \
-  X(kFloat16, 32, 64, kChannelFirst, 4, 4, 1) \
-  X(kFloat16, 32, 64, kChannelFirst, 2, 2, 1) \
-  X(kFloat16, 32, 64, kChannelFirst, 8, 16, 1) \
-  X(kFloat16, 32, 64, kChannelFirst, 4, 16, 1) \
-  X(kFloat16, 32, 64, kChannelFirst, 2, 16, 1) \
-  X(kFloat16, 32, 64, kChannelFirst, 16, 0, 1) \
-  X(kFloat16, 32, 64, kChannelFirst, 8, 0, 1) \
-  X(kFloat16, 32, 64, kChannelFirst, 4, 0, 1) \
-  X(kFloat16, 32, 64, kChannelFirst, 2, 0, 1) \
-  X(kFloat16, 32, 64, kChannelFirst, 16, 0, 2) \
-  X(kFloat16, 32, 64, kChannelFirst, 8, 0, 2) \
-  X(kFloat16, 32, 64, kChannelFirst, 4, 0, 2) \
-  X(kFloat16, 32, 64, kChannelFirst, 2, 0, 2)
+  X(kBFloat16, 32, 64, kTokenMajor, 16, 16) \
+  X(kBFloat16, 32, 64, kChannelFirst, 16, 16) \
+  X(kBFloat16, 32, 64, kChannelFirst, 8, 8) \
+  X(kBFloat16, 32, 64, kChannelFirst, 4, 4) \
+  X(kBFloat16, 32, 64, kChannelFirst, 2, 2) \
+  X(kBFloat16, 32, 64, kChannelFirst, 8, 16) \
+  X(kBFloat16, 32, 64, kChannelFirst, 4, 16) \
+  X(kBFloat16, 32, 64, kChannelFirst, 2, 16) \
+  X(kBFloat16, 32, 64, kChannelFirst, 16, 0) \
+  X(kBFloat16, 32, 64, kChannelFirst, 8, 0) \
+  X(kBFloat16, 32, 64, kChannelFirst, 4, 0) \
+  X(kBFloat16, 32, 64, kChannelFirst, 2, 0) \
+  X(kFloat16, 32, 64, kTokenMajor, 16, 16) \
+  X(kFloat16, 32, 64, kChannelFirst, 16, 16) \
+  X(kFloat16, 32, 64, kChannelFirst, 8, 8) \
+  X(kFloat16, 32, 64, kChannelFirst, 4, 4) \
+  X(kFloat16, 32, 64, kChannelFirst, 2, 2) \
+  X(kFloat16, 32, 64, kChannelFirst, 8, 16) \
+  X(kFloat16, 32, 64, kChannelFirst, 4, 16) \
+  X(kFloat16, 32, 64, kChannelFirst, 2, 16) \
+  X(kFloat16, 32, 64, kChannelFirst, 16, 0) \
+  X(kFloat16, 32, 64, kChannelFirst, 8, 0) \
+  X(kFloat16, 32, 64, kChannelFirst, 4, 0) \
+  X(kFloat16, 32, 64, kChannelFirst, 2, 0)

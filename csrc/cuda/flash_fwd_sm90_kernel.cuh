@@ -9,18 +9,20 @@
 // is one of wgmma's own: channel-first K and token-major V are read transposed (MN-major),
 // token-major K and channel-first V as they are (K-major).
 //
-// K and V may instead come as tile images (kKVVecBytes == kKVTileImages; the caller copies
-// them, flash_fwd_wants_kv_tile_images): each 64-key tile of K and V already in the order and
-// swizzle of a shared stage, so that thread 0 fetches it with one bulk copy completing an
-// mbarrier, four stages deep, which every thread waits on. That takes the per-thread copy
-// addressing, the cp.async waits and their proxy fence out of each step: by the SASS of nvcc
-// 13.0, about 200 instructions per warp on a step's common path against 260 for the 8-byte row
-// copies of 1,2,62500 ("cfs"). On the H200 that alone gained nothing (0.98-1.05x from 12800
-// tokens on, bench/results/h200-2026-12-01-12c03e1): the kernel is latency-bound, not
-// issue-bound. With images a CTA may also be two warpgroups (128 rows) that share every stage
-// ("cft2"): each CTA reads all of its head's K and V from L2, which at 64 rows per CTA comes
-// to about 6 TB/s at 1,2,62500 and 8,4,6400 (23 GB in 3.9 ms, 3.9 GB in 0.66 ms). That gained
-// 1.02-1.10x from 12800 tokens on (and lost below), which is where the dispatch uses it.
+// K and V may instead come as tile images (kKVVecBytes == kKVTileImages, "cft"; the caller
+// copies them, flash_fwd_wants_kv_tile_images): each 64-key tile of K and V already in the
+// order and swizzle of a shared stage, so that thread 0 fetches it with one bulk copy
+// completing an mbarrier, four stages deep, which every thread waits on; and the CTA is two
+// warpgroups (128 rows) that share every stage. Each CTA reads all of its head's K and V from
+// L2, which at 64 rows per CTA comes to about 6 TB/s at 1,2,62500 and 8,4,6400 (23 GB in
+// 3.9 ms, 3.9 GB in 0.66 ms); sharing the stages halves that. On the H200 (bf16,
+// bench/results/h200-2026-12-01-12c03e1) this gained 1.02-1.10x from 12800 tokens on (and lost
+// below), which is where the dispatch uses it. The images with one warpgroup per CTA were
+// measured too and removed: they take the per-thread copy addressing, the cp.async waits and
+// their proxy fence out of each step (by the SASS of nvcc 13.0, about 200 instructions per
+// warp on a step's common path against 260 for the 8-byte row copies of 1,2,62500), yet
+// gained nothing (0.98-1.05x from 12800 tokens on): the kernel is latency-bound, not
+// issue-bound.
 //
 // Per key tile j the warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for
 // the first, exponentiates S_j and waits for the second before packing P_j into the registers
@@ -80,12 +82,7 @@ namespace flash_fwd_detail {
 // takes the copies' addressing and the cp.async waits out of the steps. The widths differ
 // where the dispatch's caller has copied K and V to 128-byte aligned rows or to tile images
 // (attention_cuda.cpp) and left the others as they came.
-// kWarpgroups: 64-row warpgroups per CTA. With tile images it may be 2: both read each stage,
-// which halves the K / V traffic per query row (every CTA reads all of its head's K and V from
-// L2); each then takes its lazy-max decision at its own named barrier, and releases a stage
-// through an mbarrier, which the copying thread waits on before refilling it.
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes,
-          int kWarpgroups>
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes>
 struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   using Base = FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
   static constexpr bool kCF = Base::kCF;
@@ -94,8 +91,10 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static_assert(kDk % 16 == 0, "k16 steps of Q K^T");
   static constexpr bool kKVImages = kKVVecBytes == kKVTileImages;
   static_assert(!kKVImages || kCF, "tile images of channel-first K and V");
-  static_assert(kWarpgroups == 1 || (kWarpgroups == 2 && kKVImages),
-                "two warpgroups share the stages of tile images only");
+  // 64-row warpgroups per CTA. With tile images, 2: both read each stage; each takes its
+  // lazy-max decision at its own named barrier and releases a stage through an "empty"
+  // mbarrier, which the copying thread waits on before refilling it.
+  static constexpr int kWarpgroups = kKVImages ? 2 : 1;
   static constexpr int kCtaThreads = 128 * kWarpgroups;
   static constexpr int kRowsPerCta = kBlockM * kWarpgroups;
   // Tiles of 64 keys (one wgmma n64 / one 128-byte swizzle atom per row); one softmax step
@@ -114,8 +113,7 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   // Row copies (cp.async by every thread): Q | K stage 0 | K stage 1 | V stage 0 | V stage 1,
   // a stage being kSubTiles tiles, copied one step ahead.
   // Tile images (one bulk copy per tile): Q of each warpgroup | stage 0 .. stage kStages - 1 |
-  // their "full" mbarriers | with two warpgroups, their "empty" ones; a stage being K tile |
-  // V tile as in the image; copied kStages - 2 steps ahead, since a stage is free again only
+  // their "full" mbarriers | their "empty" ones; a stage being K tile | V tile as in the image; copied kStages - 2 steps ahead, since a stage is free again only
   // two steps after its keys' S (the next step's P V reads its V).
   // The output staging tiles (one per warpgroup) reuse the stages.
   static constexpr int kStages = kKVImages ? 4 : 2;
@@ -130,8 +128,8 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static constexpr int kStagesEnd =
       kKVImages ? kKOffset + kStages * kImageTileBytes : kVOffset + kStages * kVStageStride;
   static constexpr int kFullOffset = kStagesEnd;  // kStages mbarriers (tile images only)
-  static constexpr int kEmptyOffset = kFullOffset + 8 * kStages;  // (two warpgroups only)
-  static constexpr int kBarrierBytes = kKVImages ? 8 * kStages * (kWarpgroups == 1 ? 1 : 2) : 0;
+  static constexpr int kEmptyOffset = kFullOffset + 8 * kStages;  // kStages more
+  static constexpr int kBarrierBytes = kKVImages ? 2 * 8 * kStages : 0;
   static constexpr int kOOffset = kKOffset;
   static constexpr int kSmemBytes = kStagesEnd + kBarrierBytes;
   static_assert(kWarpgroups * OTile::kBytes <= kStagesEnd - kKOffset, "staging fits");
@@ -184,14 +182,14 @@ __device__ __forceinline__ bool warpgroup_sync_or(int wg, bool pred) {
   return wg == 0 ? barrier_or<1>(pred) : barrier_or<2>(pred);
 }
 
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes,
-          int kWarpgroups>
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes>
 __global__ void __launch_bounds__(
-    (Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes, kWarpgroups>::kCtaThreads),
-    (Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes, kWarpgroups>::kMinBlocks))
+    (Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes>::kCtaThreads),
+    (Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes>::kMinBlocks))
     flash_fwd_sm90_kernel(const FwdParams params, const float scale_log2) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using Tr = Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes, kWarpgroups>;
+  using Tr = Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes>;
+  constexpr int kWarpgroups = Tr::kWarpgroups;
   using QTile = typename Tr::QTile;
   using KTile = typename Tr::KTile;
   using VTile = typename Tr::VTile;
@@ -271,15 +269,15 @@ __global__ void __launch_bounds__(
   auto wait_image = [&](int j) {
     bulk_copy::wait(full_bars + 8 * (j & Tr::kStageMask), (j / Tr::kStages) & 1);
   };
-  // Two warpgroups: tile j goes into its stage once every warp has released the stage's
+  // Tile j goes into its stage once every warp of both warpgroups has released the stage's
   // previous tile, j - kStages (release_image).
   auto wait_stage_free = [&](int j) {
-    if (kWarpgroups > 1 && j >= Tr::kStages) {
+    if (j >= Tr::kStages) {
       bulk_copy::wait(empty_bars + 8 * (j & Tr::kStageMask), ((j / Tr::kStages) & 1) ^ 1);
     }
   };
   auto release_image = [&](int j) {
-    if (kWarpgroups > 1 && lane == 0) bulk_copy::arrive(empty_bars + 8 * (j & Tr::kStageMask));
+    if (lane == 0) bulk_copy::arrive(empty_bars + 8 * (j & Tr::kStageMask));
   };
 
   if constexpr (Tr::kKVImages) {
@@ -288,7 +286,7 @@ __global__ void __launch_bounds__(
 #pragma unroll
       for (int i = 0; i < Tr::kStages; ++i) {
         bulk_copy::init_barrier(full_bars + 8 * i, 1);
-        if (kWarpgroups > 1) bulk_copy::init_barrier(empty_bars + 8 * i, 4 * kWarpgroups);
+        bulk_copy::init_barrier(empty_bars + 8 * i, 4 * kWarpgroups);
       }
       bulk_copy::fence_barrier_init();
     }
@@ -461,8 +459,8 @@ __global__ void __launch_bounds__(
     // K stage (j+1) % 2 and V stage j % 2 may be refilled.
     settle_tile(j - 1, std::false_type{});
     if constexpr (Tr::kKVImages) {
-      // Every thread (of this warpgroup; with two, the empty barrier tells for the other) is
-      // past tile j - 2's P V: its stage takes tile j + kPrefetchSteps.
+      // Every thread is past tile j - 2's P V (this warpgroup's: the barrier above; the other's:
+      // the empty barrier): its stage takes tile j + kPrefetchSteps.
       if (tid == 0 && j + Tr::kPrefetchSteps < n_tiles) {
         wait_stage_free(j + Tr::kPrefetchSteps);
         copy_image(j + Tr::kPrefetchSteps);
@@ -516,13 +514,11 @@ __global__ void __launch_bounds__(
 
 // Explicitly instantiated in the generated flash_fwd_sm90_*.cu files, declared in
 // flash_fwd_sm90_instances.h.
-template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes,
-          int kWarpgroups>
+template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes>
 void launch_flash_fwd_sm90(const FwdParams& params, cudaStream_t stream) {
   using namespace flash_fwd_detail;
-  launch_row_tiles<
-      Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes, kWarpgroups>,
-      flash_fwd_sm90_kernel<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes, kWarpgroups>>(
+  launch_row_tiles<Sm90FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes>,
+                   flash_fwd_sm90_kernel<kDtype, kDk, kDv, kLayout, kVecBytes, kKVVecBytes>>(
       params, stream);
 }
 

@@ -22,9 +22,9 @@ void flash_fwd(const FwdParams& params, cudaStream_t stream);
 // start at 128-byte multiples (channel-first, long sequences whose rows do not; aligned_rows.h).
 bool flash_fwd_wants_aligned_kv(const FwdParams& params);
 // Whether flash_fwd should run on K and V copied to tile images (RowCopy's tiled mode;
-// kv_tile_images_copy in aligned_rows.h): 0 if not, else the warpgroups per CTA of the kernel
-// to run, which the caller passes as params.kv_tile_images, with k.ptr the images.
-int flash_fwd_wants_kv_tile_images(const FwdParams& params);
+// kv_tile_images_copy in aligned_rows.h): then the caller passes params with kv_tile_images
+// set and k.ptr the images.
+bool flash_fwd_wants_kv_tile_images(const FwdParams& params);
 
 // Rows of cols 2-byte elements, (b, h, channel) at src + b * src_stride_b + h * src_stride_h +
 // channel * src_stride_c, copied into dst, whose row dst_channel0 + channel of head

@@ -54,13 +54,11 @@ bool sm90_kernels_enabled() { return !env_flag_set("PSA_FA2_DISABLE_SM90") && on
 
 bool aligned_row_copies_enabled() { return !env_flag_set("PSA_FA2_DISABLE_ALIGNED_COPIES"); }
 
-int kv_tile_images_requested() {
+CopyChoice kv_tile_images_choice() {
   const char* value = std::getenv("PSA_FA2_KV_TILE_IMAGES");
-  if (value == nullptr) return -1;
-  if (std::strcmp(value, "0") == 0) return 0;
-  if (std::strcmp(value, "1") == 0) return 1;
-  if (std::strcmp(value, "2") == 0) return 2;
-  return -1;
+  if (value != nullptr && std::strcmp(value, "1") == 0) return CopyChoice::kAlways;
+  if (value != nullptr && std::strcmp(value, "0") == 0) return CopyChoice::kNever;
+  return CopyChoice::kMeasured;
 }
 
 }  // namespace psa_fa2

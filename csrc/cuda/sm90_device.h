@@ -15,11 +15,12 @@ bool sm90_kernels_enabled();
 // PSA_FA2_DISABLE_ALIGNED_COPIES=1 turns that off (benchmarks of the copies), read per call.
 bool aligned_row_copies_enabled();
 
-// PSA_FA2_KV_TILE_IMAGES, read per call: 1 or 2 copies K and V to tile images wherever the
-// forward can read them, with CTAs of that many warpgroups; 0 never; -1 (unset or anything
-// else): where the dispatch's measured threshold says (flash_fwd_wants_kv_tile_images).
+// PSA_FA2_KV_TILE_IMAGES, read per call: 1 copies K and V to tile images wherever the forward
+// can read them (kAlways), 0 never (kNever); unset or anything else, where the dispatch's
+// measured threshold says (kMeasured; flash_fwd_wants_kv_tile_images).
 // PSA_FA2_DISABLE_ALIGNED_COPIES=1 turns these copies off as well.
-int kv_tile_images_requested();
+enum class CopyChoice { kMeasured, kAlways, kNever };
+CopyChoice kv_tile_images_choice();
 
 // Streaming multiprocessors of the current device (cached per device; 0 if it cannot be read).
 int current_device_multiprocessors();
