@@ -172,24 +172,32 @@ def check_forward_on_kv_copies(batch_heads, N, views, dtype, kernel_pattern):
 
 
 # (N, Q / out access width): one partial 64-key tile (N = 1 would be token-major as well, which
-# the op prefers), one whole tile, a whole and a partial one, several tiles at each width.
+# the op prefers), one whole tile, a whole and a partial one, several tiles at each width. For
+# the three-warpgroup kernel's steps of two tiles: an odd count of tiles (7, 64, 401, 1600,
+# 6404, 8193) leaves its last step one tile short; 65 and 1602 make whole steps; CTAs of 192
+# rows leave the second and third warpgroups without rows at 7, 64, 65, 401 and 1600.
 KV_IMAGE_CASES = [(7, 2), (64, 16), (65, 2), (401, 2), (1600, 16), (1602, 4), (6404, 8),
                   (8193, 2)]
+# K / V width code of the image kernels (attention_params.h), by warpgroups per CTA.
+KV_IMAGE_KERNELS = {2: 0, 3: 1}
 
 
 @pytest.mark.parametrize("N,vec", KV_IMAGE_CASES, ids=case_ids(KV_IMAGE_CASES))
 @pytest.mark.parametrize("views", ["split", "separate"])
+@pytest.mark.parametrize("warpgroups", list(KV_IMAGE_KERNELS))
 @dtypes
-def test_forward_wgmma_reads_kv_tile_images(N, vec, views, dtype, monkeypatch):
-    """With PSA_FA2_KV_TILE_IMAGES=1, K and V are copied to tile images (one copy for the
+def test_forward_wgmma_reads_kv_tile_images(N, vec, views, warpgroups, dtype, monkeypatch):
+    """With PSA_FA2_KV_TILE_IMAGES=2 / 3, K and V are copied to tile images (one copy for the
     block's split views, two for separate tensors) and the wgmma kernel that bulk-copies them
-    into CTAs of two warpgroups runs (K / V width 0; Q and out keep their vec-byte accesses;
-    N <= 64 leaves the second warpgroup without rows). Its output and lse against float64, on
-    several heads (each has its own images) and NaN-filled memory."""
+    into CTAs of that many warpgroups runs (K / V width 0 or 1; Q and out keep their vec-byte
+    accesses). Its output and lse against float64, on several heads (each has its own images)
+    and NaN-filled memory."""
     if not on_hopper():
         pytest.skip("the tile images feed the wgmma kernel (Hopper) only")
-    monkeypatch.setenv("PSA_FA2_KV_TILE_IMAGES", "1")
-    check_forward_on_kv_copies((2, 2), N, views, dtype, rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 0>")
+    monkeypatch.setenv("PSA_FA2_KV_TILE_IMAGES", str(warpgroups))
+    code = KV_IMAGE_KERNELS[warpgroups]
+    check_forward_on_kv_copies((2, 2), N, views, dtype,
+                               rf"flash_fwd_sm90_kernel<[^>]*, {vec}, {code}>")
 
 
 LONG_ROW_IMAGE_CASES = [(12800, 16), (12801, 2)]
@@ -205,7 +213,35 @@ def test_forward_wgmma_reads_kv_tile_images_on_long_rows(N, vec):
                                rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 0>")
     _, q, k, v = make_qkv(1, 1, 12799, 32, 64, torch.bfloat16, "cuda", "channel_first")
     names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast"))
-    assert not re.search(r"flash_fwd_sm90_kernel<[^>]*, 0>", " ".join(names)), names
+    assert not re.search(r"flash_fwd_sm90_kernel<[^>]*, [01]>", " ".join(names)), names
+
+
+def image_kernel_run(B, H, N):
+    """The K / V width code of the image kernel that the default forward runs on split views."""
+    _, q, k, v = make_qkv(B, H, N, 32, 64, torch.bfloat16, "cuda", "channel_first")
+    names = " ".join(cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")))
+    found = re.findall(r"flash_fwd_sm90_kernel<[^>]*, ([01])>", names)
+    assert len(found) == 1, names
+    return int(found[0])
+
+
+def test_forward_picks_three_warpgroup_images_by_waves():
+    """From 25000 tokens on, the three-warpgroup image kernel runs where its CTAs of 192 rows
+    leave each SM fewer rows to work through than two-warpgroup CTAs of 128 rows, two per SM,
+    would (1,1,25000: one wave of 131 CTAs against one of 196; 1,2,62500: 5 waves against 4 of
+    twice the rows); else the two-warpgroup one (1,4,40000: 7 waves against 5), as below 25000.
+    Its output against float64 at 1,1,25000, on 2-byte Q / out rows at 25001."""
+    if not on_hopper():
+        pytest.skip("the tile images feed the wgmma kernel (Hopper) only")
+    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the cases are worked out for 132 SMs (H100 / H200 SXM)")
+    check_forward_on_kv_copies((1, 1), 25000, "split", torch.bfloat16,
+                               r"flash_fwd_sm90_kernel<[^>]*, 16, 1>")
+    check_forward_on_kv_copies((1, 1), 25001, "split", torch.bfloat16,
+                               r"flash_fwd_sm90_kernel<[^>]*, 2, 1>")
+    assert image_kernel_run(1, 1, 24999) == 0
+    assert image_kernel_run(1, 2, 62500) == 1
+    assert image_kernel_run(1, 4, 40000) == 0
 
 
 @pytest.mark.parametrize("N,vec", BWD_ALIGNED_COPY_CASES, ids=case_ids(BWD_ALIGNED_COPY_CASES))

@@ -15,8 +15,10 @@ enum class DType : int { kFloat64 = 0, kFloat32 = 1, kBFloat16 = 2, kFloat16 = 3
 enum class Layout : int { kTokenMajor = 0, kChannelFirst = 1 };
 
 // kKVVecBytes (K / V access width) of the Hopper forward instantiations that read K and V as
-// tile images (FwdParams::kv_tile_images) instead of rows.
+// tile images (FwdParams::kv_tile_images) instead of rows: CTAs of two warpgroups on steps of 64
+// keys ("cft"), or of three on steps of 128 ("cft3"; flash_fwd_sm90_kernel.cuh).
 constexpr int kKVTileImages = 0;
+constexpr int kKVTileImages3 = 1;
 
 // A logical [B, H, N, D] tensor addressed by 64-bit element strides.
 struct Strided4 {

@@ -75,7 +75,12 @@
 #define PSA_FA2_BWD90_DQ_CHAINS 1  // independent accumulator chains of the dQ MMAs (1 or 2;
                                    // 2 measured 0-5% slower, h200-2026-12-01-5bb34ec)
 #endif
-// Tried, not kept: dQ on wgmma per warpgroup (A = its dS^T from a swizzled tile, B = its K
+// Tried, not kept: 4, 8 or 16 of each thread's 32 exponentials per step on the FMA pipe (2^x as a
+// cubic in its fraction, the integer part added to the exponent bits) were 7%, 6% and 12%
+// slower at B,H,N = 8,4,6400 and 1,2,62464 (bench/tune/tune_bwd.cu,
+// bench/results/h200-2026-12-01-<this stop>/kernel_variants.txt): the exponentials are not what
+// the step waits for.
+// Also tried, not kept: dQ on wgmma per warpgroup (A = its dS^T from a swizzled tile, B = its K
 // tile; no CTA barrier before dQ, twice the reductions) passed its tests but was 8-10% slower
 // at every shape on the H200 (bench/results/h200-2026-12-01-0a2a437/bwd_dq_wgmma.md).
 // Also tried, each correct and slower at B,H,N = 8,4,6400 (before the K fragments stayed in

@@ -80,13 +80,39 @@ Widths widths(const FwdParams& p) {
   return {q < o ? q : o, k < v ? k : v};
 }
 
+// Which kernel reads the tile images: CTAs of two warpgroups (128 rows, two CTAs per SM, steps
+// of 64 keys; kKVTileImages) or of three (192 rows, one per SM, steps of 128; kKVTileImages3).
+// Measured on the H200 (bf16, bench/tune/tune_fwd.cu sm90img, the kernels alone;
+// bench/results/h200-2026-12-01-<this stop>/kernel_ab.txt), three against two: 0.95x at
+// 8,4,6400, 0.87x at 4,4,8192, 0.97x at 4,4,12800, 1.07x at 2,2,31250, 0.96x at 1,4,40000,
+// 1.08x at 1,2,62500, 1.02x at 1,1,100000. Per SM and key they run about as fast on long rows
+// (within 2%), so what decides there is the last wave: the rows each SM works through, in
+// waves of 132 (one per SM) or 264 (two per SM) CTAs, predicts every one of those long-row
+// results. On shorter rows the three-warpgroup CTAs lose per key too (one CTA per SM leaves
+// its prologue and epilogue unhidden): they run from kKVTileImages3MinSeqlen tokens on only.
+constexpr int kKVTileImages3MinSeqlen = 25000;
+
+int kv_image_kernel(const FwdParams& p) {
+  const int forced = kv_tile_images_choice().warpgroups;
+  if (forced == 2 || forced == 3) return forced == 3 ? kKVTileImages3 : kKVTileImages;
+  const int64_t sms = current_device_multiprocessors();
+  if (p.seqlen < kKVTileImages3MinSeqlen || sms <= 0) return kKVTileImages;
+  const int64_t heads = int64_t(p.batch) * p.heads;
+  // Rows per SM: waves of ceil(N / rows) * heads CTAs, `per_sm` resident on each SM.
+  auto rows_per_sm = [&](int64_t rows, int64_t per_sm) {
+    const int64_t ctas = (p.seqlen + rows - 1) / rows * heads;
+    return (ctas + per_sm * sms - 1) / (per_sm * sms) * rows * per_sm;
+  };
+  return rows_per_sm(192, 1) <= rows_per_sm(128, 2) ? kKVTileImages3 : kKVTileImages;
+}
+
 Launcher select(const FwdParams& p) {
   if (!fwd_dispatch::params_ok(p)) return nullptr;
   const Widths w = widths(p);
   // K and V as tile images: only the wgmma kernel reads them.
   if (p.kv_tile_images) {
     return sm90_kernels_enabled() && p.layout == Layout::kChannelFirst && w.q_out >= 2
-               ? find_sm90_launcher(p, w.q_out, kKVTileImages)
+               ? find_sm90_launcher(p, w.q_out, kv_image_kernel(p))
                : nullptr;
   }
   const int vec = w.common();
@@ -122,8 +148,9 @@ bool flash_fwd_wants_aligned_kv(const FwdParams& p) {
          find_sm90_launcher(p, w.q_out, 16) != nullptr;
 }
 
-// K and V as tile images, read by CTAs of two warpgroups that share each tile (the "cft"
-// kernels, flash_fwd_sm90_kernel.cuh), for a copy like the aligned rows'. Measured on the H200
+// K and V as tile images, read by CTAs of two or three warpgroups that share each tile (the
+// "cft" and "cft3" kernels, flash_fwd_sm90_kernel.cuh; kv_image_kernel picks one), for a copy
+// like the aligned rows'. The threshold is the two-warpgroup kernel's, measured on the H200
 // (bench/tune/kv_tile_images.py, bf16, split views, copies included;
 // bench/results/h200-2026-12-01-12c03e1, column "images 2 wg"), gain over the default before
 // them (aligned rows or the views as given): 0.53-0.88x at N = 400, 0.76-0.95x at 1600,
@@ -131,11 +158,11 @@ bool flash_fwd_wants_aligned_kv(const FwdParams& p) {
 // at 1,2,62464-62500, 1.09x at 1,1,100000. In fp16 (kv_tile_images_long_fp16.md) they were
 // 0.99-1.01x at 12800-62500: neither gain nor loss. So from kKVTileImagesMinSeqlen tokens on
 // (every row width gained there in bf16) the caller copies the images;
-// PSA_FA2_KV_TILE_IMAGES=0 / 1 overrides that (sm90_device.h).
+// PSA_FA2_KV_TILE_IMAGES=0 / 1 / 2 / 3 overrides that (sm90_device.h).
 constexpr int kKVTileImagesMinSeqlen = 12800;
 
 bool flash_fwd_wants_kv_tile_images(const FwdParams& p) {
-  const CopyChoice choice = kv_tile_images_choice();
+  const CopyChoice choice = kv_tile_images_choice().copy;
   const bool wanted = choice == CopyChoice::kMeasured ? p.seqlen >= kKVTileImagesMinSeqlen
                                                       : choice == CopyChoice::kAlways;
   if (!wanted || p.kv_tile_images || !fwd_dispatch::params_ok(p) ||
@@ -145,7 +172,7 @@ bool flash_fwd_wants_kv_tile_images(const FwdParams& p) {
   const Widths w = widths(p);
   // The images' swizzle keys V's rows as K's (copy_rows.cu): K is whole 8-row atoms.
   return w.q_out >= 2 && p.head_dim_qk % 8 == 0 &&
-         find_sm90_launcher(p, w.q_out, kKVTileImages) != nullptr;
+         find_sm90_launcher(p, w.q_out, kv_image_kernel(p)) != nullptr;
 }
 
 void flash_fwd(const FwdParams& p, cudaStream_t stream) {

@@ -35,6 +35,14 @@ extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kCh
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 0>(
     const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16, 1>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, 1>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, 1>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 1>(
+    const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kTokenMajor, 16, 16>(
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, 16>(
@@ -59,6 +67,14 @@ extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kCha
     const FwdParams&, cudaStream_t);
 extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 0>(
     const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, 1>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, 1>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, 1>(
+    const FwdParams&, cudaStream_t);
+extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 1>(
+    const FwdParams&, cudaStream_t);
 
 }  // namespace psa_fa2
 
@@ -76,6 +92,10 @@ extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kCha
   X(kBFloat16, 32, 64, kChannelFirst, 8, 0) \
   X(kBFloat16, 32, 64, kChannelFirst, 4, 0) \
   X(kBFloat16, 32, 64, kChannelFirst, 2, 0) \
+  X(kBFloat16, 32, 64, kChannelFirst, 16, 1) \
+  X(kBFloat16, 32, 64, kChannelFirst, 8, 1) \
+  X(kBFloat16, 32, 64, kChannelFirst, 4, 1) \
+  X(kBFloat16, 32, 64, kChannelFirst, 2, 1) \
   X(kFloat16, 32, 64, kTokenMajor, 16, 16) \
   X(kFloat16, 32, 64, kChannelFirst, 16, 16) \
   X(kFloat16, 32, 64, kChannelFirst, 8, 8) \
@@ -87,4 +107,8 @@ extern template void launch_flash_fwd_sm90<DType::kFloat16, 32, 64, Layout::kCha
   X(kFloat16, 32, 64, kChannelFirst, 16, 0) \
   X(kFloat16, 32, 64, kChannelFirst, 8, 0) \
   X(kFloat16, 32, 64, kChannelFirst, 4, 0) \
-  X(kFloat16, 32, 64, kChannelFirst, 2, 0)
+  X(kFloat16, 32, 64, kChannelFirst, 2, 0) \
+  X(kFloat16, 32, 64, kChannelFirst, 16, 1) \
+  X(kFloat16, 32, 64, kChannelFirst, 8, 1) \
+  X(kFloat16, 32, 64, kChannelFirst, 4, 1) \
+  X(kFloat16, 32, 64, kChannelFirst, 2, 1)

@@ -3,7 +3,7 @@
 // instead of mma.sync.
 //
 // One CTA is one warpgroup (4 warps) and computes 64 query rows of one (batch, head); with tile
-// images (below) it may be two warpgroups on 128 rows. Q stays in registers (the A fragments,
+// images (below) it is two warpgroups on 128 rows or three on 192. Q stays in registers (the A fragments,
 // loaded with ldmatrix as in the mma.sync kernel); K and V tiles of 64 keys go through
 // double-buffered shared memory (cp.async) in the swizzled layout of the mma.sync kernel, which
 // is one of wgmma's own: channel-first K and token-major V are read transposed (MN-major),
@@ -11,13 +11,22 @@
 //
 // K and V may instead come as tile images (kKVVecBytes == kKVTileImages, "cft"; the caller
 // copies them, flash_fwd_wants_kv_tile_images): each 64-key tile of K and V already in the
-// order and swizzle of a shared stage, so that thread 0 fetches it with one bulk copy
-// completing an mbarrier, four stages deep, which every thread waits on; and the CTA is two
-// warpgroups (128 rows) that share every stage. Each CTA reads all of its head's K and V from
-// L2, which at 64 rows per CTA comes to about 6 TB/s at 1,2,62500 and 8,4,6400 (23 GB in
-// 3.9 ms, 3.9 GB in 0.66 ms); sharing the stages halves that. On the H200 (bf16,
+// order and swizzle of a shared stage, so that thread 0 fetches a step's tiles with one bulk
+// copy completing an mbarrier, four stages deep, which every thread waits on; and the CTA is
+// two warpgroups (128 rows, "cft") that share every stage. Each CTA reads all of its head's K
+// and V from L2, which at 64 rows per CTA comes to about 6 TB/s at 1,2,62500 and 8,4,6400
+// (23 GB in 3.9 ms, 3.9 GB in 0.66 ms); sharing the stages halves that. On the H200 (bf16,
 // bench/results/h200-2026-12-01-12c03e1) this gained 1.02-1.10x from 12800 tokens on (and lost
-// below), which is where the dispatch uses it. The images with one warpgroup per CTA were
+// below), which is where the dispatch uses it.
+// "cft3" (kKVVecBytes == kKVTileImages3) is the CTA shape of FlashAttention-4's Hopper forward
+// for head dims up to 64: three warpgroups (192 rows, one CTA per SM, up to 168 registers) on
+// steps of two tiles (128 keys; S is then 64 registers). Per SM and key it runs within 2% of
+// "cft" on long rows and slower on shorter ones; what it changes is the last wave, and the
+// dispatch picks the one that leaves each SM fewer rows (kv_image_kernel: 1.07-1.08x at
+// 2,2,31250 and 1,2,62500). A step's second tile may be missing at the end of a row: the
+// prologue zeroes the stages, so that its keys (masked, P = 0) multiply zeros or an earlier
+// tile's V (which, were it not finite, had made the output so already). The images with one
+// warpgroup per CTA were
 // measured too and removed: they take the per-thread copy addressing, the cp.async waits and
 // their proxy fence out of each step (by the SASS of nvcc 13.0, about 200 instructions per
 // warp on a step's common path against 260 for the 8-byte row copies of 1,2,62500), yet
@@ -38,6 +47,14 @@
 // two, K three tiles deep) needs 200 registers: at 168 (3 CTAs per SM) ptxas serializes the
 // wgmmas for want of registers, and at 2 CTAs per SM it ran 20-43% slower (5009 against
 // about 4160 us at 1,2,62500, 878 against 634 at 8,4,6400).
+// Also tried on the images (bench/tune/tune_fwd.cu, two alternating runs,
+// bench/results/h200-2026-12-01-<this stop>/kernel_variants.txt), against "cft" at
+// 8,4,6400 / 1,2,62500: the two warpgroups taking turns to issue their wgmmas (FlashAttention-3's
+// ping-pong, on named barriers) 3% / 5% slower; eight stages, fetched two to six steps ahead,
+// within 1%; four warpgroups per CTA 8% slower / even; two warpgroups on 128-key steps (one
+// CTA per SM, 201 registers) 25% / 28% slower. On "cft3", 4 to 16 of each thread's 64
+// exponentials per step on the FMA pipe (2^x as a cubic in its fraction, the integer part
+// added to the exponent bits) were 0-12% slower.
 //
 // The softmax checks its max instead of taking it. The running row max moves only when it
 // grows by more than 2^8 (mma_softmax::kLazyMaxSlack), which most tiles of a long row never
@@ -89,21 +106,24 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static_assert(kBlockM == 64, "one warpgroup of 64 query rows per CTA");
   static_assert(kDv == 64, "the products are wgmma m64n64k16: 64 keys and dv = 64");
   static_assert(kDk % 16 == 0, "k16 steps of Q K^T");
-  static constexpr bool kKVImages = kKVVecBytes == kKVTileImages;
+  static constexpr bool kKVImages = kKVVecBytes == kKVTileImages || kKVVecBytes == kKVTileImages3;
   static_assert(!kKVImages || kCF, "tile images of channel-first K and V");
-  // 64-row warpgroups per CTA. With tile images, 2: both read each stage; each takes its
-  // lazy-max decision at its own named barrier and releases a stage through an "empty"
-  // mbarrier, which the copying thread waits on before refilling it.
-  static constexpr int kWarpgroups = kKVImages ? 2 : 1;
+  // 64-row warpgroups per CTA. With tile images, 2 ("cft") or 3 ("cft3"): all read each stage;
+  // each takes its lazy-max decision at its own named barrier and releases a stage through an
+  // "empty" mbarrier, which the copying thread waits on before refilling it.
+  static constexpr int kWarpgroups =
+      kKVVecBytes == kKVTileImages3 ? 3 : kKVVecBytes == kKVTileImages ? 2 : 1;
   static constexpr int kCtaThreads = 128 * kWarpgroups;
   static constexpr int kRowsPerCta = kBlockM * kWarpgroups;
   // Tiles of 64 keys (one wgmma n64 / one 128-byte swizzle atom per row); one softmax step
-  // takes kSubTiles of them. PSA_FA2_SM90_SUB_TILES (an experiment, compile-time) sets it.
+  // takes kSubTiles of them: 2 in "cft3", else 1 (PSA_FA2_SM90_SUB_TILES, an experiment, sets
+  // it for the row copies).
   static constexpr int kTileN = 64;
 #if defined(PSA_FA2_SM90_SUB_TILES)
-  static constexpr int kSubTiles = kKVImages ? 1 : PSA_FA2_SM90_SUB_TILES;
+  static constexpr int kSubTiles =
+      kKVVecBytes == kKVTileImages3 ? 2 : kKVImages ? 1 : PSA_FA2_SM90_SUB_TILES;
 #else
-  static constexpr int kSubTiles = 1;
+  static constexpr int kSubTiles = kKVVecBytes == kKVTileImages3 ? 2 : 1;
 #endif
   static constexpr int kBlockN = kTileN * kSubTiles;  // keys per step
   using QTile = typename Base::QTile;
@@ -112,21 +132,25 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   using VTile = std::conditional_t<kCF, SmemTile<kDv, kTileN>, SmemTile<kTileN, kDv>>;
   // Row copies (cp.async by every thread): Q | K stage 0 | K stage 1 | V stage 0 | V stage 1,
   // a stage being kSubTiles tiles, copied one step ahead.
-  // Tile images (one bulk copy per tile): Q of each warpgroup | stage 0 .. stage kStages - 1 |
-  // their "full" mbarriers | their "empty" ones; a stage being K tile | V tile as in the image; copied kStages - 2 steps ahead, since a stage is free again only
+  // Tile images (one bulk copy per stage): Q of each warpgroup | stage 0 .. stage kStages - 1 |
+  // their "full" mbarriers | their "empty" ones; a stage being kSubTiles consecutive images
+  // (K tile | V tile each), copied kStages - 2 steps ahead, since a stage is free again only
   // two steps after its keys' S (the next step's P V reads its V).
   // The output staging tiles (one per warpgroup) reuse the stages.
   static constexpr int kStages = kKVImages ? 4 : 2;
   static constexpr int kPrefetchSteps = kStages - 2;
   static constexpr int kImageTileBytes = KTile::kBytes + VTile::kBytes;
-  static constexpr int kKStageStride = kKVImages ? kImageTileBytes : kSubTiles * KTile::kBytes;
-  static constexpr int kVStageStride = kKVImages ? kImageTileBytes : kSubTiles * VTile::kBytes;
+  // A step's tiles within a stage: consecutive K (V) tiles, or consecutive images.
+  static constexpr int kKSubStride = kKVImages ? kImageTileBytes : KTile::kBytes;
+  static constexpr int kVSubStride = kKVImages ? kImageTileBytes : VTile::kBytes;
+  static constexpr int kKStageStride = kSubTiles * kKSubStride;
+  static constexpr int kVStageStride = kSubTiles * kVSubStride;
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kWarpgroups * QTile::kBytes;
   static constexpr int kVOffset =
       kKOffset + (kKVImages ? KTile::kBytes : kStages * kKStageStride);
   static constexpr int kStagesEnd =
-      kKVImages ? kKOffset + kStages * kImageTileBytes : kVOffset + kStages * kVStageStride;
+      kKVImages ? kKOffset + kStages * kKStageStride : kVOffset + kStages * kVStageStride;
   static constexpr int kFullOffset = kStagesEnd;  // kStages mbarriers (tile images only)
   static constexpr int kEmptyOffset = kFullOffset + 8 * kStages;  // kStages more
   static constexpr int kBarrierBytes = kKVImages ? 2 * 8 * kStages : 0;
@@ -155,12 +179,14 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static constexpr int kKVRowVecBytes = kKVImages ? 16 : kKVVecBytes;
   // Resident CTAs per SM (__launch_bounds__): 4 (<= 128 registers; left at 3, ptxas spends
   // about 133, which is 3 CTAs per SM; at 4 it uses 118-126, no spills). The 2-byte loads of
-  // K and V at odd N (32 in flight) and two tiles per step need 2 to stay free of spills.
-  // PSA_FA2_SM90_MIN_BLOCKS overrides it (experiments).
+  // K and V at odd N (32 in flight) and two tiles per step need 2 to stay free of spills. With
+  // tile images: 2 CTAs of two warpgroups, or 1 of three (<= 168 registers: S of 128 keys is 64
+  // of them). PSA_FA2_SM90_MIN_BLOCKS overrides it (experiments).
 #if defined(PSA_FA2_SM90_MIN_BLOCKS)
   static constexpr int kMinBlocks = PSA_FA2_SM90_MIN_BLOCKS;
 #else
-  static constexpr int kMinBlocks = (kSubTiles == 1 && kKVVecBytes != 2 ? 4 : 2) / kWarpgroups;
+  static constexpr int kMinBlocks =
+      kWarpgroups == 3 ? 1 : (kSubTiles == 1 && kKVVecBytes != 2 ? 4 : 2) / kWarpgroups;
 #endif
 };
 
@@ -178,8 +204,18 @@ __device__ __forceinline__ bool barrier_or(bool pred) {
 }
 // The same over warpgroup wg (0 or 1) of the CTA, at barrier 1 + wg (0 is __syncthreads'). The
 // ids are immediates: with a register id ptxas reserves all 16 barriers for the kernel.
+template <int kWarpgroups>
 __device__ __forceinline__ bool warpgroup_sync_or(int wg, bool pred) {
-  return wg == 0 ? barrier_or<1>(pred) : barrier_or<2>(pred);
+  if constexpr (kWarpgroups <= 2) {
+    return wg == 0 ? barrier_or<1>(pred) : barrier_or<2>(pred);
+  } else {
+    switch (wg) {
+      case 0: return barrier_or<1>(pred);
+      case 1: return barrier_or<2>(pred);
+      case 2: return barrier_or<3>(pred);
+      default: return barrier_or<4>(pred);
+    }
+  }
 }
 
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes>
@@ -258,13 +294,17 @@ __global__ void __launch_bounds__(
   // j % kStages, whose barrier every thread waits on before its wgmmas read the tile.
   const uint32_t full_bars = smem_base + Tr::kFullOffset;
   const uint32_t empty_bars = smem_base + Tr::kEmptyOffset;
+  const int n_images = (N + kTileN - 1) / kTileN;  // of this head
   const unsigned char* const images =
       static_cast<const unsigned char*>(params.k.ptr) +
-      static_cast<int64_t>(bh) * n_tiles * Tr::kImageTileBytes;
+      static_cast<int64_t>(bh) * n_images * Tr::kImageTileBytes;
+  // Step j's images, kSub of them but at the last step (whose missing ones leave the stage's
+  // previous, finite, contents or the zeros of the prologue: their keys are masked).
   auto copy_image = [&](int j) {
+    const int count = kSub == 1 || n_images - j * kSub >= kSub ? kSub : n_images - j * kSub;
     bulk_copy::copy_block(sK + (j & Tr::kStageMask) * Tr::kKStageStride,
-                          images + static_cast<int64_t>(j) * Tr::kImageTileBytes,
-                          Tr::kImageTileBytes, full_bars + 8 * (j & Tr::kStageMask));
+                          images + static_cast<int64_t>(j) * kSub * Tr::kImageTileBytes,
+                          count * Tr::kImageTileBytes, full_bars + 8 * (j & Tr::kStageMask));
   };
   auto wait_image = [&](int j) {
     bulk_copy::wait(full_bars + 8 * (j & Tr::kStageMask), (j / Tr::kStages) & 1);
@@ -289,6 +329,14 @@ __global__ void __launch_bounds__(
         bulk_copy::init_barrier(empty_bars + 8 * i, 4 * kWarpgroups);
       }
       bulk_copy::fence_barrier_init();
+    }
+    if constexpr (kSub > 1) {
+      // Zeros in every stage, for the images missing from the last step: 0 * V stays 0.
+      for (int i = tid; i < Tr::kStages * Tr::kKStageStride / 16; i += Tr::kCtaThreads) {
+        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(sK + 16 * i), "r"(0)
+                     : "memory");
+      }
+      wgmma::fence_proxy_async_shared();  // ordered before the bulk copies that overwrite them
     }
     // A warpgroup wholly past N (the last CTA's second one) copies zeros from a valid address.
     const bool any_rows = m0 < N;
@@ -325,7 +373,7 @@ __global__ void __launch_bounds__(
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
       const uint64_t desc =
-          k_desc + KOp::advance((j & Tr::kStageMask) * Tr::kKStageStride + u * KTile::kBytes);
+          k_desc + KOp::advance((j & Tr::kStageMask) * Tr::kKStageStride + u * Tr::kKSubStride);
       auto& su = *reinterpret_cast<float(*)[kTileN / 8][4]>(&s[u * kTileN / 8]);
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
@@ -346,7 +394,7 @@ __global__ void __launch_bounds__(
     for (int kk = 0; kk < kPVSteps; ++kk) {
       const int stage_bytes = (j & Tr::kStageMask) * Tr::kVStageStride;
       const uint32_t step_bytes =
-          (kk / kStepsPerTile) * VTile::kBytes + (kk % kStepsPerTile) * VOp::kKStepBytes;
+          (kk / kStepsPerTile) * Tr::kVSubStride + (kk % kStepsPerTile) * VOp::kKStepBytes;
       uint64_t desc;
       if constexpr (Tr::kKVImages) {
         // The stage's descriptor plus each step's constant: nvcc 13.0 shifts the sum of the two
@@ -435,7 +483,7 @@ __global__ void __launch_bounds__(
       cp_async_wait<0>();
       wgmma::fence_proxy_async_shared();
     }
-    const bool redo = kWarpgroups == 1 ? __syncthreads_or(above) : warpgroup_sync_or(wg, above);
+    const bool redo = kWarpgroups == 1 ? __syncthreads_or(above) : warpgroup_sync_or<kWarpgroups>(wg, above);
     if (!redo) {
       row_sum[0] += sums[0];
       row_sum[1] += sums[1];

@@ -54,11 +54,14 @@ bool sm90_kernels_enabled() { return !env_flag_set("PSA_FA2_DISABLE_SM90") && on
 
 bool aligned_row_copies_enabled() { return !env_flag_set("PSA_FA2_DISABLE_ALIGNED_COPIES"); }
 
-CopyChoice kv_tile_images_choice() {
+KVTileImagesChoice kv_tile_images_choice() {
   const char* value = std::getenv("PSA_FA2_KV_TILE_IMAGES");
-  if (value != nullptr && std::strcmp(value, "1") == 0) return CopyChoice::kAlways;
-  if (value != nullptr && std::strcmp(value, "0") == 0) return CopyChoice::kNever;
-  return CopyChoice::kMeasured;
+  if (value == nullptr) return {CopyChoice::kMeasured, 0};
+  if (std::strcmp(value, "1") == 0) return {CopyChoice::kAlways, 0};
+  if (std::strcmp(value, "2") == 0) return {CopyChoice::kAlways, 2};
+  if (std::strcmp(value, "3") == 0) return {CopyChoice::kAlways, 3};
+  if (std::strcmp(value, "0") == 0) return {CopyChoice::kNever, 0};
+  return {CopyChoice::kMeasured, 0};
 }
 
 }  // namespace psa_fa2

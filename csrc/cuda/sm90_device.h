@@ -17,10 +17,15 @@ bool aligned_row_copies_enabled();
 
 // PSA_FA2_KV_TILE_IMAGES, read per call: 1 copies K and V to tile images wherever the forward
 // can read them (kAlways), 0 never (kNever); unset or anything else, where the dispatch's
-// measured threshold says (kMeasured; flash_fwd_wants_kv_tile_images).
+// measured threshold says (kMeasured; flash_fwd_wants_kv_tile_images). 2 and 3 are 1 with the
+// image kernel's CTAs of that many warpgroups (warpgroups; 0: the dispatch picks them).
 // PSA_FA2_DISABLE_ALIGNED_COPIES=1 turns these copies off as well.
 enum class CopyChoice { kMeasured, kAlways, kNever };
-CopyChoice kv_tile_images_choice();
+struct KVTileImagesChoice {
+  CopyChoice copy;
+  int warpgroups;
+};
+KVTileImagesChoice kv_tile_images_choice();
 
 // Streaming multiprocessors of the current device (cached per device; 0 if it cannot be read).
 int current_device_multiprocessors();

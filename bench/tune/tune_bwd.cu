@@ -1,0 +1,143 @@
+// Times compile-time variants of the Hopper (wgmma) backward at the PSA shapes, without torch:
+// build one binary per variant (tune_bwd.sh) and compare. bf16, (32, 64), channel-first split
+// views on 16-byte rows (N a multiple of 8, as the dispatch's aligned copies give at other N).
+// Prints "shape us TFLOP/s checksum"; the checksum of the gradients must agree across variants
+// up to their rounding (the dQ reductions are not ordered).
+//   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90a [-D...] tune_bwd.cu \
+//     ../../csrc/cuda/sm90_device.cu -o tune_bwd
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "../../csrc/cuda/flash_bwd_sm90_kernel.cuh"
+#include "../../csrc/cuda/flash_fwd_sm90_kernel.cuh"
+
+using namespace psa_fa2;
+
+#define CHECK(x)                                                   \
+  do {                                                             \
+    cudaError_t e = (x);                                           \
+    if (e != cudaSuccess) {                                        \
+      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e)); \
+      std::exit(1);                                                \
+    }                                                              \
+  } while (0)
+
+// The instantiation the dispatch runs on these inputs (declared extern in its header).
+template void psa_fa2::flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16, 16>(
+    const BwdParams&, cudaStream_t);
+
+// Deterministic values in [-2, 2) (seeded), the same in every variant.
+__global__ void fill(__nv_bfloat16* x, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t h = (uint32_t(i) ^ seed) * 2654435761u ^ uint32_t(i >> 32) * 40503u;
+    h ^= h >> 13;
+    h *= 0x5bd1e995u;
+    h ^= h >> 15;
+    x[i] = __float2bfloat16((h & 0xffff) / 16384.0f - 2.0f);
+  }
+}
+
+void run(int B, int H, int N) {
+  constexpr int dk = 32, dv = 64, C = 2 * dk + dv;
+  const size_t n_qkv = size_t(B) * H * C * N, n_out = size_t(B) * H * dv * N;
+  const int bh = B * H;
+  __nv_bfloat16 *qkv, *out, *dout, *grads;
+  float *lse, *delta, *ws;
+  CHECK(cudaMalloc(&qkv, n_qkv * 2));
+  CHECK(cudaMalloc(&grads, n_qkv * 2));
+  CHECK(cudaMalloc(&out, n_out * 2));
+  CHECK(cudaMalloc(&dout, n_out * 2));
+  CHECK(cudaMalloc(&lse, size_t(bh) * N * 4));
+  CHECK(cudaMalloc(&delta, size_t(bh) * N * 4));
+  fill<<<1024, 256>>>(qkv, n_qkv, 1u);
+  fill<<<1024, 256>>>(dout, n_out, 2u);
+  auto view = [&](__nv_bfloat16* base, int64_t off, int64_t sh) {
+    return Strided4{base + off, sh * H, sh, 1, N};
+  };
+  FwdParams f{};
+  f.q = view(qkv, 0, int64_t(C) * N);
+  f.k = view(qkv, int64_t(dk) * N, int64_t(C) * N);
+  f.v = view(qkv, int64_t(2 * dk) * N, int64_t(C) * N);
+  f.out = view(out, 0, int64_t(dv) * N);
+  f.lse = lse;
+  f.batch = B;
+  f.heads = H;
+  f.seqlen = N;
+  f.head_dim_qk = dk;
+  f.head_dim_v = dv;
+  f.scale = 1.0 / 5.656854249492381;
+  f.dtype = DType::kBFloat16;
+  f.layout = Layout::kChannelFirst;
+  launch_flash_fwd_sm90<DType::kBFloat16, dk, dv, Layout::kChannelFirst, 16, 16>(f, 0);
+
+  BwdParams p{};
+  p.q = f.q;
+  p.k = f.k;
+  p.v = f.v;
+  p.out = f.out;
+  p.dout = view(dout, 0, int64_t(dv) * N);
+  p.dq = view(grads, 0, int64_t(C) * N);
+  p.dk = view(grads, int64_t(dk) * N, int64_t(C) * N);
+  p.dv = view(grads, int64_t(2 * dk) * N, int64_t(C) * N);
+  p.lse = lse;
+  p.delta = delta;
+  p.batch = B;
+  p.heads = H;
+  p.seqlen = N;
+  p.head_dim_qk = dk;
+  p.head_dim_v = dv;
+  p.scale = f.scale;
+  p.dtype = DType::kBFloat16;
+  p.layout = Layout::kChannelFirst;
+  p.accumulate = false;
+  using Cfg = fbwd::Config<DType::kBFloat16, dk, dv, Layout::kChannelFirst>;
+  const BwdTailSplit split =
+      plan_sm90_bwd_tail_split(N, bh, current_device_multiprocessors());
+  const size_t ws_bytes = sizeof(float) * size_t(bh) * fbwd::round_up(N, Cfg::kPadRows) * dk +
+                          bwd_tail_split_bytes(split, kSm90BwdKeysPerCta * (dk + dv));
+  CHECK(cudaMalloc(&ws, ws_bytes));
+  p.workspace = ws;
+  auto launch = [&] {
+    flash_bwd_sm90_instance<DType::kBFloat16, dk, dv, Layout::kChannelFirst, 16, 16>(p, 0);
+  };
+  cudaEvent_t t0, t1;
+  CHECK(cudaEventCreate(&t0));
+  CHECK(cudaEventCreate(&t1));
+  for (int i = 0; i < 3; ++i) launch();
+  const int iters = N > 20000 ? 10 : 20;
+  CHECK(cudaEventRecord(t0));
+  for (int i = 0; i < iters; ++i) launch();
+  CHECK(cudaEventRecord(t1));
+  CHECK(cudaEventSynchronize(t1));
+  CHECK(cudaGetLastError());
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, t0, t1));
+  std::vector<__nv_bfloat16> h(n_qkv);
+  CHECK(cudaMemcpy(h.data(), grads, n_qkv * 2, cudaMemcpyDeviceToHost));
+  double sum = 0;
+  for (size_t i = 0; i < n_qkv; i += 7) sum += double(__bfloat162float(h[i])) * double(i % 13 + 1);
+  const double us = ms * 1e3 / iters;
+  const double flops = 2.0 * bh * double(N) * N * (3 * dk + 2 * dv);  // S, dP, dV, dK, dQ
+  std::printf("%dx%dx%d %10.1f us %7.1f TFLOP/s checksum %.6e\n", B, H, N, us,
+              flops / us * 1e-6, sum);
+  cudaFree(qkv);
+  cudaFree(grads);
+  cudaFree(out);
+  cudaFree(dout);
+  cudaFree(lse);
+  cudaFree(delta);
+  cudaFree(ws);
+}
+
+int main() {
+  run(16, 4, 400);
+  run(16, 4, 1600);
+  run(8, 4, 6400);
+  run(1, 2, 62464);
+  return 0;
+}
