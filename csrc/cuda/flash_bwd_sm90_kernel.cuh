@@ -78,7 +78,7 @@
 // Tried, not kept: 4, 8 or 16 of each thread's 32 exponentials per step on the FMA pipe (2^x as a
 // cubic in its fraction, the integer part added to the exponent bits) were 7%, 6% and 12%
 // slower at B,H,N = 8,4,6400 and 1,2,62464 (bench/tune/tune_bwd.cu,
-// bench/results/h200-2026-12-01-<this stop>/kernel_variants.txt): the exponentials are not what
+// bench/results/h200-2026-12-01-9e983ee/kernel_variants.txt): the exponentials are not what
 // the step waits for.
 // Also tried, not kept: dQ on wgmma per warpgroup (A = its dS^T from a swizzled tile, B = its K
 // tile; no CTA barrier before dQ, twice the reductions) passed its tests but was 8-10% slower

@@ -83,7 +83,7 @@ Widths widths(const FwdParams& p) {
 // Which kernel reads the tile images: CTAs of two warpgroups (128 rows, two CTAs per SM, steps
 // of 64 keys; kKVTileImages) or of three (192 rows, one per SM, steps of 128; kKVTileImages3).
 // Measured on the H200 (bf16, bench/tune/tune_fwd.cu sm90img, the kernels alone;
-// bench/results/h200-2026-12-01-<this stop>/kernel_ab.txt), three against two: 0.95x at
+// bench/results/h200-2026-12-01-9e983ee/kernel_ab.txt), three against two: 0.95x at
 // 8,4,6400, 0.87x at 4,4,8192, 0.97x at 4,4,12800, 1.07x at 2,2,31250, 0.96x at 1,4,40000,
 // 1.08x at 1,2,62500, 1.02x at 1,1,100000. Per SM and key they run about as fast on long rows
 // (within 2%), so what decides there is the last wave: the rows each SM works through, in

@@ -48,7 +48,7 @@
 // wgmmas for want of registers, and at 2 CTAs per SM it ran 20-43% slower (5009 against
 // about 4160 us at 1,2,62500, 878 against 634 at 8,4,6400).
 // Also tried on the images (bench/tune/tune_fwd.cu, two alternating runs,
-// bench/results/h200-2026-12-01-<this stop>/kernel_variants.txt), against "cft" at
+// bench/results/h200-2026-12-01-9e983ee/kernel_variants.txt), against "cft" at
 // 8,4,6400 / 1,2,62500: the two warpgroups taking turns to issue their wgmmas (FlashAttention-3's
 // ping-pong, on named barriers) 3% / 5% slower; eight stages, fetched two to six steps ahead,
 // within 1%; four warpgroups per CTA 8% slower / even; two warpgroups on 128-key steps (one
