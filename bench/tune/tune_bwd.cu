@@ -1,6 +1,7 @@
 // Times compile-time variants of the Hopper (wgmma) backward at the PSA shapes, without torch:
-// build one binary per variant (tune_bwd.sh) and compare. bf16, (32, 64), channel-first split
-// views on 16-byte rows (N a multiple of 8, as the dispatch's aligned copies give at other N).
+// build one binary per variant (the command below, with its -D flags) and compare. bf16,
+// (32, 64), channel-first split views on 16-byte rows (N a multiple of 8, as the dispatch's
+// aligned copies give at other N).
 // Prints "shape us TFLOP/s checksum"; the checksum of the gradients must agree across variants
 // up to their rounding (the dQ reductions are not ordered).
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90a [-D...] tune_bwd.cu \
@@ -14,33 +15,13 @@
 
 #include "../../csrc/cuda/flash_bwd_sm90_kernel.cuh"
 #include "../../csrc/cuda/flash_fwd_sm90_kernel.cuh"
+#include "tune_common.cuh"
 
 using namespace psa_fa2;
 
-#define CHECK(x)                                                   \
-  do {                                                             \
-    cudaError_t e = (x);                                           \
-    if (e != cudaSuccess) {                                        \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e)); \
-      std::exit(1);                                                \
-    }                                                              \
-  } while (0)
-
 // The instantiation the dispatch runs on these inputs (declared extern in its header).
-template void psa_fa2::flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16, 16>(
-    const BwdParams&, cudaStream_t);
-
-// Deterministic values in [-2, 2) (seeded), the same in every variant.
-__global__ void fill(__nv_bfloat16* x, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = (uint32_t(i) ^ seed) * 2654435761u ^ uint32_t(i >> 32) * 40503u;
-    h ^= h >> 13;
-    h *= 0x5bd1e995u;
-    h ^= h >> 15;
-    x[i] = __float2bfloat16((h & 0xffff) / 16384.0f - 2.0f);
-  }
-}
+template void psa_fa2::flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst,
+                                               16, 16>(const BwdParams&, cudaStream_t);
 
 void run(int B, int H, int N) {
   constexpr int dk = 32, dv = 64, C = 2 * dk + dv;

@@ -20,33 +20,9 @@
 #include "../../csrc/cuda/flash_fwd_sm90_kernel.cuh"
 #include "../../csrc/cuda/flash_fwd_tf32_kernel.cuh"
 #include "../../csrc/cuda/launchers.h"
+#include "tune_common.cuh"
 
 using namespace psa_fa2;
-
-#define CHECK(x)                                                              \
-  do {                                                                        \
-    cudaError_t e = (x);                                                      \
-    if (e != cudaSuccess) {                                                   \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e));            \
-      std::exit(1);                                                           \
-    }                                                                         \
-  } while (0)
-
-__device__ __host__ inline float to_float(float x) { return x; }
-__device__ __host__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
-template <class T> __device__ inline T from_float(float x);
-template <> __device__ inline float from_float<float>(float x) { return x; }
-template <> __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-
-// Deterministic values in [-2, 2): every variant sees the same inputs.
-template <class T>
-__global__ void fill(T* x, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ uint32_t(i >> 32) * 40503u;
-    h ^= h >> 13; h *= 0x5bd1e995u; h ^= h >> 15;
-    x[i] = from_float<T>((h & 0xffff) / 16384.0f - 2.0f);
-  }
-}
 
 bool g_sm90 = false;
 int g_images = -1;  // the K / V width code of the image kernel, or -1: rows

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds and times the fast forward kernels' compile-time variants (needs a GPU and nvcc):
-#   bash bench/tune/tune_fwd.sh [bf16|sm90|tf32] [arch, default 90; sm90 builds for 90a]
+#   bash bench/tune/tune_fwd.sh [bf16|sm90|sm90img|sm90img3|tf32] [arch, default 90; the sm90
+#   kinds build for 90a; the image kinds time the tile-image kernels, default build only]
 set -euo pipefail
 cd "$(dirname "$0")"
 kernel=${1:-bf16}
@@ -14,6 +15,10 @@ if [ "$kernel" = tf32 ]; then
     [block_n128_min_blocks1]="-DPSA_FA2_TF32_BLOCK_N=128 -DPSA_FA2_TF32_MIN_BLOCKS=1"
   )
   order="default block_n32 min_blocks1 block_n128_min_blocks1"
+elif [ "$kernel" = sm90img ] || [ "$kernel" = sm90img3 ]; then
+  arch=90a
+  variants=([default]="")
+  order="default"
 elif [ "$kernel" = sm90 ]; then
   arch=90a
   variants=(
@@ -34,7 +39,8 @@ else
   order="default min_blocks2 block_n128_min_blocks2 block_m128_min_blocks1 block_m128_min_blocks2"
 fi
 for name in $order; do
-  nvcc -std=c++17 -O3 -arch=sm_$arch ${variants[$name]} tune_fwd.cu -o "/tmp/tune_fwd_${kernel}_$name" &
+  nvcc -std=c++17 -O3 -arch=sm_$arch ${variants[$name]} tune_fwd.cu ../../csrc/cuda/copy_rows.cu \
+    -o "/tmp/tune_fwd_${kernel}_$name" &
 done
 wait
 for name in $order; do

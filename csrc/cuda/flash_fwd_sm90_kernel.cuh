@@ -3,8 +3,8 @@
 // instead of mma.sync.
 //
 // One CTA is one warpgroup (4 warps) and computes 64 query rows of one (batch, head); with tile
-// images (below) it is two warpgroups on 128 rows or three on 192. Q stays in registers (the A fragments,
-// loaded with ldmatrix as in the mma.sync kernel); K and V tiles of 64 keys go through
+// images (below) it is two warpgroups on 128 rows or three on 192. Q stays in registers (the A
+// fragments, loaded with ldmatrix as in the mma.sync kernel); K and V tiles of 64 keys go through
 // double-buffered shared memory (cp.async) in the swizzled layout of the mma.sync kernel, which
 // is one of wgmma's own: channel-first K and token-major V are read transposed (MN-major),
 // token-major K and channel-first V as they are (K-major).
@@ -50,13 +50,19 @@
 // Also tried on the images (bench/tune/tune_fwd.cu, two alternating runs,
 // bench/results/h200-2026-12-01-9e983ee/kernel_variants.txt), against "cft" at
 // 8,4,6400 / 1,2,62500: the two warpgroups taking turns to issue their wgmmas (FlashAttention-3's
-// ping-pong, on named barriers) 3% / 5% slower; eight stages, fetched two to six steps ahead,
+// ping-pong, on named barriers; two placements) 3-14% / 5-13% slower (on "cft3", three in turn:
+// 54% slower at 31250-100000 tokens); eight stages, fetched two to six steps ahead,
 // within 1%; four warpgroups per CTA 8% slower / even; two warpgroups on 128-key steps (one
 // CTA per SM, 201 registers) 25% / 28% slower. On "cft3", 4 to 16 of each thread's 64
 // exponentials per step on the FMA pipe (2^x as a cubic in its fraction, the integer part
 // added to the exponent bits) were 0-12% slower. Letting the last warp to release a stage
 // refill it (a shared-memory count instead of the empty barriers; nobody waits for a stage)
 // was 1-3% slower on "cft" and 30-35% slower on "cft3" (not profiled further).
+// Nsight Compute on "cft3" at 1,2,62500 (ncu_fwd_cft3_1x2x62500.txt in those results): the XU
+// (MUFU) pipe 62.5% busy, an instruction issued in 42% of the cycles, 0.82 eligible warps per
+// scheduler; the MUFU.EX2 hold the most stall samples (a quarter of all of them among the 60
+// hottest instructions alone: their inputs' latency and a full MUFU queue, "mio"), then the
+// wgmmas and the wait for P V, the mbarrier waits and the redo vote.
 //
 // The softmax checks its max instead of taking it. The running row max moves only when it
 // grows by more than 2^8 (mma_softmax::kLazyMaxSlack), which most tiles of a long row never
@@ -204,8 +210,9 @@ __device__ __forceinline__ bool barrier_or(bool pred) {
       : "memory");
   return any != 0;
 }
-// The same over warpgroup wg (0 or 1) of the CTA, at barrier 1 + wg (0 is __syncthreads'). The
-// ids are immediates: with a register id ptxas reserves all 16 barriers for the kernel.
+// The same over warpgroup wg (0 .. kWarpgroups - 1) of the CTA, at barrier 1 + wg (0 is
+// __syncthreads'). The ids are immediates: with a register id ptxas reserves all 16 barriers for
+// the kernel.
 template <int kWarpgroups>
 __device__ __forceinline__ bool warpgroup_sync_or(int wg, bool pred) {
   if constexpr (kWarpgroups <= 2) {
@@ -300,8 +307,8 @@ __global__ void __launch_bounds__(
   const unsigned char* const images =
       static_cast<const unsigned char*>(params.k.ptr) +
       static_cast<int64_t>(bh) * n_images * Tr::kImageTileBytes;
-  // Step j's images, kSub of them but at the last step (whose missing ones leave the stage's
-  // previous, finite, contents or the zeros of the prologue: their keys are masked).
+  // Step j's images, kSub of them but at the last step, whose missing one leaves the zeros of
+  // the prologue or an earlier tile in the stage (its keys are masked).
   auto copy_image = [&](int j) {
     const int count = kSub == 1 || n_images - j * kSub >= kSub ? kSub : n_images - j * kSub;
     bulk_copy::copy_block(sK + (j & Tr::kStageMask) * Tr::kKStageStride,
@@ -340,7 +347,7 @@ __global__ void __launch_bounds__(
       }
       wgmma::fence_proxy_async_shared();  // ordered before the bulk copies that overwrite them
     }
-    // A warpgroup wholly past N (the last CTA's second one) copies zeros from a valid address.
+    // A warpgroup wholly past N (in the last CTA) copies zeros from a valid address.
     const bool any_rows = m0 < N;
     src.q_copier.copy(sQ, src.q_at(any_rows ? m0 : 0), any_rows ? N - m0 : 0);
     cp_async_commit();
@@ -485,7 +492,8 @@ __global__ void __launch_bounds__(
       cp_async_wait<0>();
       wgmma::fence_proxy_async_shared();
     }
-    const bool redo = kWarpgroups == 1 ? __syncthreads_or(above) : warpgroup_sync_or<kWarpgroups>(wg, above);
+    const bool redo = kWarpgroups == 1 ? __syncthreads_or(above)
+                                       : warpgroup_sync_or<kWarpgroups>(wg, above);
     if (!redo) {
       row_sum[0] += sums[0];
       row_sum[1] += sums[1];
@@ -509,7 +517,7 @@ __global__ void __launch_bounds__(
     // K stage (j+1) % 2 and V stage j % 2 may be refilled.
     settle_tile(j - 1, std::false_type{});
     if constexpr (Tr::kKVImages) {
-      // Every thread is past tile j - 2's P V (this warpgroup's: the barrier above; the other's:
+      // Every thread is past tile j - 2's P V (this warpgroup's: the barrier above; the others':
       // the empty barrier): its stage takes tile j + kPrefetchSteps.
       if (tid == 0 && j + Tr::kPrefetchSteps < n_tiles) {
         wait_stage_free(j + Tr::kPrefetchSteps);
@@ -524,9 +532,9 @@ __global__ void __launch_bounds__(
 
     wgmma::pin(o);
     wgmma::fence();
-    issue_s(s, j);
+      issue_s(s, j);
     issue_pv(o, pf, j - 1);
-    // S_j landed; P_{j-1} V_{j-1} may still be in flight.
+      // S_j landed; P_{j-1} V_{j-1} may still be in flight.
     wgmma::wait_group<1>();
     wgmma::pin(s);
     if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
