@@ -35,8 +35,8 @@ void run(int B, int H, int N) {
   CHECK(cudaMalloc(&dout, n_out * 2));
   CHECK(cudaMalloc(&lse, size_t(bh) * N * 4));
   CHECK(cudaMalloc(&delta, size_t(bh) * N * 4));
-  fill<<<1024, 256>>>(qkv, n_qkv, 1u);
-  fill<<<1024, 256>>>(dout, n_out, 2u);
+  tune::fill<<<1024, 256>>>(qkv, n_qkv, 1u);
+  tune::fill<<<1024, 256>>>(dout, n_out, 2u);
   auto view = [&](__nv_bfloat16* base, int64_t off, int64_t sh) {
     return Strided4{base + off, sh * H, sh, 1, N};
   };

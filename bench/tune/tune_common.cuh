@@ -17,6 +17,10 @@
     }                                                              \
   } while (0)
 
+// In their own namespace: a global to_float(__nv_bfloat16) would meet the kernels' own through
+// argument-dependent lookup.
+namespace tune {
+
 __device__ __host__ inline float to_float(float x) { return x; }
 __device__ __host__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <class T>
@@ -42,3 +46,5 @@ __global__ void fill(T* x, size_t n, uint32_t seed = 0) {
     x[i] = from_float<T>((h & 0xffff) / 16384.0f - 2.0f);
   }
 }
+
+}  // namespace tune

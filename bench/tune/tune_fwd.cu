@@ -56,7 +56,7 @@ void run(int B, int H, int N) {
   CHECK(cudaMalloc(&qkv, n_qkv * sizeof(T)));
   CHECK(cudaMalloc(&out, n_out * sizeof(T)));
   CHECK(cudaMalloc(&lse, size_t(B) * H * N * 4));
-  fill<<<1024, 256>>>(qkv, n_qkv);
+  tune::fill<<<1024, 256>>>(qkv, n_qkv);
   FwdParams p{};
   auto view = [&](T* base, int64_t off, int64_t sh) { return Strided4{base + off, sh * H, sh, 1, N}; };
   p.q = view(qkv, 0, int64_t(C) * N);
@@ -95,7 +95,7 @@ void run(int B, int H, int N) {
   std::vector<T> h(n_out);
   CHECK(cudaMemcpy(h.data(), out, n_out * sizeof(T), cudaMemcpyDeviceToHost));
   double sum = 0;
-  for (size_t i = 0; i < n_out; i += 7) sum += double(to_float(h[i])) * double(i % 13 + 1);
+  for (size_t i = 0; i < n_out; i += 7) sum += double(tune::to_float(h[i])) * double(i % 13 + 1);
   const double us = ms * 1e3 / iters, flops = 2.0 * B * H * double(N) * N * (dk + dv);
   std::printf("%dx%dx%d vec%d %10.1f us %7.1f TFLOP/s checksum %.6e\n", B, H, N, kVec, us, flops / us * 1e-6, sum);
   cudaFree(qkv); cudaFree(out); cudaFree(lse); cudaFree(images);
