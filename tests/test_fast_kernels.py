@@ -174,8 +174,9 @@ def check_forward_on_kv_copies(batch_heads, N, views, dtype, kernel_pattern):
 # (N, Q / out access width): one partial 64-key tile (N = 1 would be token-major as well, which
 # the op prefers), one whole tile, a whole and a partial one, several tiles at each width. For
 # the three-warpgroup kernel's steps of two tiles: an odd count of tiles (7, 64, 401, 1600,
-# 6404, 8193) leaves its last step one tile short; 65 and 1602 make whole steps; CTAs of 192
-# rows leave the second and third warpgroups without rows at 7, 64, 65, 401 and 1600.
+# 6404, 8193) leaves its last step one tile short; 65 and 1602 make whole steps. Most cases
+# leave the last CTA's later warpgroups without rows (at 1600 both kernels' second one; at 65
+# and 1602 the three-warpgroup kernel's third, while its second has 1 or 2 rows).
 KV_IMAGE_CASES = [(7, 2), (64, 16), (65, 2), (401, 2), (1600, 16), (1602, 4), (6404, 8),
                   (8193, 2)]
 # K / V width code of the image kernels (attention_params.h), by warpgroups per CTA.
