@@ -532,9 +532,9 @@ __global__ void __launch_bounds__(
 
     wgmma::pin(o);
     wgmma::fence();
-      issue_s(s, j);
+    issue_s(s, j);
     issue_pv(o, pf, j - 1);
-      // S_j landed; P_{j-1} V_{j-1} may still be in flight.
+    // S_j landed; P_{j-1} V_{j-1} may still be in flight.
     wgmma::wait_group<1>();
     wgmma::pin(s);
     if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
