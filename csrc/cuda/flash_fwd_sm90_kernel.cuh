@@ -39,7 +39,10 @@
 // model what the wait costs, and neither a dependency on the softmax's end nor a shared-memory
 // store kept it later), so the overlap of one CTA's softmax with its own P V is small; the
 // kernel relies on its 4 CTAs per SM (118-126 registers, 28 KB of shared memory; 2 CTAs at the
-// 2-byte copies of odd N) to overlap one CTA's softmax with the others' MMAs.
+// 2-byte copies of odd N) to overlap one CTA's softmax with the others' MMAs. A branch on an
+// opaque, always-true condition right after the exponentials does keep the wait there (ptxas
+// waits for every product at a branch), but that measured 3-8% slower on every kernel
+// (kernel_variants.txt run 7 in bench/results/h200-2026-12-01-9e983ee).
 // Tried on the H200, not kept: four such warpgroups per CTA (one CTA per SM) ran 1.3% faster
 // at B,H,N = 1,2,62500 and 17% slower at 8,4,6400; with a token passed around them so that
 // one at a time runs its exponentials (MUFU contention looked like the limit), 15-44% slower.
