@@ -25,10 +25,9 @@
 // dispatch picks the one that leaves each SM fewer rows (kv_image_kernel: 1.07-1.08x at
 // 2,2,31250 and 1,2,62500). A step's second tile may be missing at the end of a row: the
 // prologue zeroes the stages, so that its keys (masked, P = 0) multiply zeros or an earlier
-// tile's V (which, were it not finite, had made the output so already). The images with one
-// warpgroup per CTA were
-// measured too and removed: they take the per-thread copy addressing, the cp.async waits and
-// their proxy fence out of each step (by the SASS of nvcc 13.0, about 200 instructions per
+// tile's V (which, were it not finite, had made the output so already).
+// The images with one warpgroup per CTA were measured too and removed: they take the
+// per-thread copy addressing, the cp.async waits and their proxy fence out of each step (by the SASS of nvcc 13.0, about 200 instructions per
 // warp on a step's common path against 260 for the 8-byte row copies of 1,2,62500), yet
 // gained nothing (0.98-1.05x from 12800 tokens on): the kernel is latency-bound, not
 // issue-bound.
