@@ -27,10 +27,10 @@
 // prologue zeroes the stages, so that its keys (masked, P = 0) multiply zeros or an earlier
 // tile's V (which, were it not finite, had made the output so already).
 // The images with one warpgroup per CTA were measured too and removed: they take the
-// per-thread copy addressing, the cp.async waits and their proxy fence out of each step (by the SASS of nvcc 13.0, about 200 instructions per
-// warp on a step's common path against 260 for the 8-byte row copies of 1,2,62500), yet
-// gained nothing (0.98-1.05x from 12800 tokens on): the kernel is latency-bound, not
-// issue-bound.
+// per-thread copy addressing, the cp.async waits and their proxy fence out of each step (by the
+// SASS of nvcc 13.0, about 200 instructions per warp on a step's common path against 260 for
+// the 8-byte row copies of 1,2,62500), yet gained nothing (0.98-1.05x from 12800 tokens on):
+// the kernel is latency-bound, not issue-bound.
 //
 // Per key tile j the warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for
 // the first, exponentiates S_j and waits for the second before packing P_j into the registers
