@@ -79,7 +79,8 @@ void run(int B, int H, int N) {
   using Cfg = fbwd::Config<DType::kBFloat16, dk, dv, Layout::kChannelFirst>;
   const BwdTailSplit split =
       plan_sm90_bwd_tail_split(N, bh, current_device_multiprocessors());
-  const size_t ws_bytes = sizeof(float) * size_t(bh) * fbwd::round_up(N, Cfg::kPadRows) * dk +
+  // What flash_bwd_workspace_bytes_with (flash_bwd_dispatch.cu) sizes for this kernel.
+  const size_t ws_bytes = fbwd::workspace_bytes<Cfg>(p, BwdSchedule::kAtomicDQ) +
                           bwd_tail_split_bytes(split, kSm90BwdKeysPerCta * (dk + dv));
   CHECK(cudaMalloc(&ws, ws_bytes));
   p.workspace = ws;
