@@ -54,13 +54,23 @@ def rising_scores_qkv(N, dtype, layout):
 @pytest.mark.parametrize("N", [1000, 4097])
 @layouts
 @dtypes
-@pytest.mark.parametrize("kernel", ["default", "mma_sync"])
+@pytest.mark.parametrize("kernel", ["default", "mma_sync", "images2", "images3"])
 def test_forward_fast_rising_scores(N, dtype, layout, kernel, monkeypatch):
+    """Also on the tile-image kernels (channel-first, forced at these N), whose warps redo
+    their own rows' tiles on mma.sync when the max moves."""
+    if kernel != "default" and not on_hopper():
+        pytest.skip("the default kernel is the mma.sync one off Hopper")
     if kernel == "mma_sync":
-        if not on_hopper():
-            pytest.skip("the default kernel is the mma.sync one off Hopper")
         monkeypatch.setenv("PSA_FA2_DISABLE_SM90", "1")
+    if kernel.startswith("images"):
+        if layout != "channel_first":
+            pytest.skip("tile images are made of channel-first K and V")
+        monkeypatch.setenv("PSA_FA2_KV_TILE_IMAGES", kernel[-1])
     q, k, v, scale = rising_scores_qkv(N, dtype, layout)
+    if kernel.startswith("images"):
+        code = KV_IMAGE_KERNELS[int(kernel[-1])]
+        names = " ".join(cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")))
+        assert re.search(rf"flash_fwd_sm90_kernel<[^>]*, {code}>", names), names
     poison_cuda_allocator(4 * q.numel() * 8, "cuda")
     out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
     ref64, eager = forward_reference(q, k, v, scale)

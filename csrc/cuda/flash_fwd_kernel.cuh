@@ -417,6 +417,39 @@ __device__ __forceinline__ void load_a_fragments(uint32_t (&qf)[kKSteps][4], uin
   }
 }
 
+// S = Q K^T of this warp's 16 query rows (qf: their A fragments) and the 8 * kSTiles keys of a
+// shared K tile, on mma.sync: C fragments, previous contents of s dropped.
+template <class KTile, bool kCF, DType kDtype, int kSTiles, int kKSteps>
+__device__ __forceinline__ void warp_scores(float (&s)[kSTiles][4],
+                                            const uint32_t (&qf)[kKSteps][4], uint32_t sKs,
+                                            int lane) {
+  const int li = lane / 8;  // which 8x8 matrix this lane addresses in an ldmatrix.x4
+  const int lr = lane % 8;  // which row of it
+#pragma unroll
+  for (int i = 0; i < kSTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+    for (int p = 0; p < kSTiles / 2; ++p) {
+      // b[0], b[1]: (k lo, k hi) of key tile 2p; b[2], b[3]: the same for key tile 2p+1.
+      uint32_t bf[4];
+      if constexpr (kCF) {
+        // Stored [d][n] = B itself (k rows): transpose 8 d-rows x 8 keys per block.
+        const int row = kk * 16 + (li % 2) * 8 + lr;
+        const int chunk = p * 2 + (li / 2);
+        ldsm_x4_trans(bf, sKs + 2u * KTile::offset(row, chunk));
+      } else {
+        // Stored [n][d] = B^T: each 8 keys x 8 d block is already the "col" fragment.
+        const int row = p * 16 + (li / 2) * 8 + lr;
+        const int chunk = kk * 2 + (li % 2);
+        ldsm_x4(bf, sKs + 2u * KTile::offset(row, chunk));
+      }
+      mma_16816<kDtype>(s[2 * p], qf[kk], bf[0], bf[1]);
+      mma_16816<kDtype>(s[2 * p + 1], qf[kk], bf[2], bf[3]);
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // The epilogue
 // ---------------------------------------------------------------------------------------------
@@ -715,29 +748,7 @@ __global__ void __launch_bounds__(kThreads,
     // ---- S = Q K^T (raw scores, 16 x kBlockN per warp) ----
     const uint32_t sKs = sK + stage * KTile::kBytes;
     float s[kSTiles][4];
-#pragma unroll
-    for (int i = 0; i < kSTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-#pragma unroll
-    for (int kk = 0; kk < kKSteps; ++kk) {
-#pragma unroll
-      for (int p = 0; p < kSTiles / 2; ++p) {
-        // b[0], b[1]: (k lo, k hi) of key tile 2p; b[2], b[3]: the same for key tile 2p+1.
-        uint32_t bf[4];
-        if constexpr (kCF) {
-          // Stored [d][n] = B itself (k rows): transpose 8 d-rows x 8 keys per block.
-          const int row = kk * 16 + (li % 2) * 8 + lr;
-          const int chunk = p * 2 + (li / 2);
-          ldsm_x4_trans(bf, sKs + 2u * KTile::offset(row, chunk));
-        } else {
-          // Stored [n][d] = B^T: each 8 keys x 8 d block is already the "col" fragment.
-          const int row = p * 16 + (li / 2) * 8 + lr;
-          const int chunk = kk * 2 + (li % 2);
-          ldsm_x4(bf, sKs + 2u * KTile::offset(row, chunk));
-        }
-        mma_16816<kDtype>(s[2 * p], qf[kk], bf[0], bf[1]);
-        mma_16816<kDtype>(s[2 * p + 1], qf[kk], bf[2], bf[3]);
-      }
-    }
+    warp_scores<KTile, kCF, kDtype>(s, qf, sKs, lane);
 
     // ---- Keys past N -inf, then the online softmax (mma_softmax.cuh) ----
     mma_softmax::mask_keys_from(s, n0, N, t);

@@ -119,8 +119,8 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static constexpr bool kKVImages = kKVVecBytes == kKVTileImages || kKVVecBytes == kKVTileImages3;
   static_assert(!kKVImages || kCF, "tile images of channel-first K and V");
   // 64-row warpgroups per CTA. With tile images, 2 ("cft") or 3 ("cft3"): all read each stage;
-  // each takes its lazy-max decision at its own named barrier and releases a stage through an
-  // "empty" mbarrier, which the copying thread waits on before refilling it.
+  // each warp takes its own lazy-max decisions (redo_warp_rows) and releases a stage through
+  // an "empty" mbarrier, which the copying thread waits on before refilling it.
   static constexpr int kWarpgroups =
       kKVVecBytes == kKVTileImages3 ? 3 : kKVVecBytes == kKVTileImages ? 2 : 1;
   static constexpr int kCtaThreads = 128 * kWarpgroups;
@@ -200,33 +200,11 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
 #endif
 };
 
-// Whether any of the 128 threads that meet at named barrier kId passes pred.
-template <int kId>
-__device__ __forceinline__ bool barrier_or(bool pred) {
-  uint32_t any;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbarrier.cta.red.or.pred q, %2, 128, p;\n"
-      "selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(any)
-      : "r"(static_cast<uint32_t>(pred)), "n"(kId)
-      : "memory");
-  return any != 0;
-}
-// The same over warpgroup wg (0 .. kWarpgroups - 1) of the CTA, at barrier 1 + wg (0 is
-// __syncthreads'). The ids are immediates: with a register id ptxas reserves all 16 barriers for
-// the kernel.
-template <int kWarpgroups>
-__device__ __forceinline__ bool warpgroup_sync_or(int wg, bool pred) {
-  if constexpr (kWarpgroups <= 2) {
-    return wg == 0 ? barrier_or<1>(pred) : barrier_or<2>(pred);
-  } else {
-    switch (wg) {
-      case 0: return barrier_or<1>(pred);
-      case 1: return barrier_or<2>(pred);
-      case 2: return barrier_or<3>(pred);
-      default: return barrier_or<4>(pred);
-    }
-  }
+// %laneid, read where it is used (volatile: not hoisted or merged with threadIdx.x % 32).
+__device__ __forceinline__ int lane_id() {
+  int lane;
+  asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
+  return lane;
 }
 
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kKVVecBytes>
@@ -483,29 +461,56 @@ __global__ void __launch_bounds__(
   };
   set_offsets();
   pack_p(s, pf);
-  // Every wgmma reads what other threads copied: the copies in flight (K tile i + 1, V tile i)
-  // must have landed (cp.async wait), be made visible to the async proxy and be published by a
-  // barrier. That barrier also decides, for the whole warpgroup (the wgmmas are
+  // Row copies: every wgmma reads what other threads copied: the copies in flight (K tile i + 1,
+  // V tile i) must have landed (cp.async wait), be made visible to the async proxy and be
+  // published by a barrier. That barrier also decides, for the whole warpgroup (the wgmmas are
   // warpgroup-wide), whether tile i (the last one exponentiated) must be redone: then S_i again
   // (K_i is still in its stage: the copies that refill it come after this), the lazy-max path
   // and O (which holds the products of the tiles before i) rescaled. Else its sums count.
+  // (Tile images decide at the end of each step instead, per warp: redo_warp_rows.)
   auto settle_tile = [&](int i, auto is_last) {
     if constexpr (!Tr::kKVImages) {
       cp_async_wait<0>();
       wgmma::fence_proxy_async_shared();
+      if (!__syncthreads_or(above)) {
+        row_sum[0] += sums[0];
+        row_sum[1] += sums[1];
+        return;
+      }
+      wgmma::fence();
+      issue_s(s, i);
+      wgmma::wait_group<0>();
+      wgmma::pin(s);
+      if constexpr (decltype(is_last)::value) mma_softmax::mask_keys_past(s, i * kBlockN, N, t);
+      mma_softmax::softmax_probabilities<kSTiles, true>(s, row_max, row_sum, scale_log2, alpha);
+      set_offsets();
+      mma_softmax::rescale_rows(o, alpha);
+      pack_p(s, pf);
     }
-    const bool redo = kWarpgroups == 1 ? __syncthreads_or(above)
-                                       : warpgroup_sync_or<kWarpgroups>(wg, above);
-    if (!redo) {
+  };
+  // With tile images nothing else needs the warpgroup's warps together at the step's start, so
+  // each warp decides for its own 16 rows as soon as it has packed P_j, and redoes them on
+  // mma.sync (the products are warpgroup-wide): S_j of its rows again from the stage (which
+  // the warp releases only in the next step), the lazy-max path, its rows of O (every product
+  // before P_j V_j has landed) rescaled. A row's probabilities are those of the warpgroup-wide
+  // redo; only S_j's rounding may differ, mma.sync summing its k16 steps its own way.
+  auto redo_warp_rows = [&](int j, auto is_last) {
+    if (!__any_sync(0xffffffffu, above)) {
       row_sum[0] += sums[0];
       row_sum[1] += sums[1];
       return;
     }
-    wgmma::fence();
-    issue_s(s, i);
-    wgmma::wait_group<0>();
-    wgmma::pin(s);
-    if constexpr (decltype(is_last)::value) mma_softmax::mask_keys_past(s, i * kBlockN, N, t);
+    // The lane index read again here keeps ptxas from computing this rare path's ldmatrix
+    // addresses ahead of the loop, where they took registers (and spilled, at 168).
+    const int lane_here = lane_id();
+#pragma unroll
+    for (int u = 0; u < kSub; ++u) {
+      auto& su = *reinterpret_cast<float(*)[kTileN / 8][4]>(&s[u * kTileN / 8]);
+      warp_scores<KTile, kCF, kDtype>(
+          su, qf, sK + (j & Tr::kStageMask) * Tr::kKStageStride + u * Tr::kKSubStride,
+          lane_here);
+    }
+    if constexpr (decltype(is_last)::value) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
     mma_softmax::softmax_probabilities<kSTiles, true>(s, row_max, row_sum, scale_log2, alpha);
     set_offsets();
     mma_softmax::rescale_rows(o, alpha);
@@ -519,8 +524,8 @@ __global__ void __launch_bounds__(
     // K stage (j+1) % 2 and V stage j % 2 may be refilled.
     settle_tile(j - 1, std::false_type{});
     if constexpr (Tr::kKVImages) {
-      // Every thread is past tile j - 2's P V (this warpgroup's: the barrier above; the others':
-      // the empty barrier): its stage takes tile j + kPrefetchSteps.
+      // Every warp is past tile j - 2's P V (the empty barrier): its stage takes tile
+      // j + kPrefetchSteps.
       if (tid == 0 && j + Tr::kPrefetchSteps < n_tiles) {
         wait_stage_free(j + Tr::kPrefetchSteps);
         copy_image(j + Tr::kPrefetchSteps);
@@ -547,6 +552,7 @@ __global__ void __launch_bounds__(
     if constexpr (Tr::kKVImages) release_image(j - 1);  // its S was redone, if at all, above
     pack_p(s, pf);
     above = above_slack(pf);
+    if constexpr (Tr::kKVImages) redo_warp_rows(j, is_last);
   };
   for (int j = 1; j + 1 < n_tiles; ++j) tile_step(j, std::false_type{});
   if (n_tiles > 1) tile_step(n_tiles - 1, std::true_type{});
