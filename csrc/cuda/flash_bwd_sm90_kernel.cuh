@@ -71,10 +71,6 @@
 #ifndef PSA_FA2_BWD90_EARLY_LSE
 #define PSA_FA2_BWD90_EARLY_LSE 1  // 1: read lse and D before the S^T / dP^T wgmmas, 0: after
 #endif
-#ifndef PSA_FA2_BWD90_DECOUPLED
-#define PSA_FA2_BWD90_DECOUPLED 0  // 1: a stage ring per warpgroup, dS^T handed over by named
-                                   // barriers, each warpgroup computing half of dQ
-#endif
 #ifndef PSA_FA2_BWD90_DQ_CHAINS
 #define PSA_FA2_BWD90_DQ_CHAINS 1  // independent accumulator chains of the dQ MMAs (1 or 2;
                                    // 2 measured 0-5% slower, h200-2026-12-01-5bb34ec)
@@ -84,6 +80,17 @@
 // slower at B,H,N = 8,4,6400 and 1,2,62464 (bench/tune/tune_bwd.cu,
 // bench/results/h200-2026-12-01-9e983ee/kernel_variants.txt): the exponentials are not what
 // the step waits for.
+// Also tried, not kept (bench/tune/tune_bwd.cu at 1161e81, two alternating runs,
+// bench/results/h200-2026-12-02-1161e81/bwd_decoupled.txt): the warpgroups decoupled, so that
+// one's exponentials could overlap the other's products. Each warpgroup streamed its own copy
+// of the rows through its own ring, published with its own barrier; they handed their dS^T
+// halves over with named barriers, and each computed half of dQ (warpgroup 0 one step late).
+// That was 15-18% slower at 8,4,6400 and 1,2,62464 (1780 against 1507 us, 10246 against
+// 8666). One ring, filled by warpgroup 0 and published with its hand-over, was 3% slower
+// (1557, 8993 us). Nsight Compute (8,4,6400, one ring) had warpgroup 1 waiting at the
+// hand-over for 13% of the samples: the warpgroups do not drift apart, and each step had one
+// barrier more. The second ring's copies cost the difference between the two (the default
+// kernel's L1 / shared-memory pipe is 66% busy there already).
 // Also tried, not kept: dQ on wgmma per warpgroup (A = its dS^T from a swizzled tile, B = its K
 // tile; no CTA barrier before dQ, twice the reductions) passed its tests but was 8-10% slower
 // at every shape on the H200 (bench/results/h200-2026-12-01-0a2a437/bwd_dq_wgmma.md).
@@ -109,51 +116,6 @@ __device__ __forceinline__ void publish_copies() {
   ffwd::cp_async_wait<kPending>();
   wgmma::fence_proxy_async_shared();
   __syncthreads();
-}
-
-// Named barriers between the two warpgroups (ids 1 .. 6; 0 is __syncthreads'). The ids are
-// immediates: with a register id ptxas reserves all 16 barriers for the kernel.
-template <int kId, int kCount>
-__device__ __forceinline__ void named_sync() {
-  asm volatile("bar.sync %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
-}
-template <int kId, int kCount>
-__device__ __forceinline__ void named_arrive() {
-  asm volatile("bar.arrive %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
-}
-
-// Barrier kBase (even it) or kBase + 1 (odd it): a hand-over between the warpgroups alternates
-// between two, so that one side may arrive at the next while the other still waits on this one.
-template <int kBase, int kCount>
-__device__ __forceinline__ void arrive_parity(int it) {
-  if (it & 1) {
-    named_arrive<kBase + 1, kCount>();
-  } else {
-    named_arrive<kBase, kCount>();
-  }
-}
-template <int kBase, int kCount>
-__device__ __forceinline__ void sync_parity(int it) {
-  if (it & 1) {
-    named_sync<kBase + 1, kCount>();
-  } else {
-    named_sync<kBase, kCount>();
-  }
-}
-constexpr int kHalfFrom0 = 1;  // barriers 1, 2: warpgroup 0's half of dS^T is in shared memory
-constexpr int kHalfFrom1 = 3;  // barriers 3, 4: warpgroup 1's
-
-// The cp.async groups but the kPending newest of this thread land and become visible to
-// wgmma's async proxy, and are published to its warpgroup (barrier 5 + wg).
-template <int kPending>
-__device__ __forceinline__ void publish_copies_warpgroup(int wg) {
-  ffwd::cp_async_wait<kPending>();
-  wgmma::fence_proxy_async_shared();
-  if (wg == 0) {
-    named_sync<5, 128>();
-  } else {
-    named_sync<6, 128>();
-  }
 }
 
 // stmatrix x4 (sm_90): the inverse of ldmatrix x4. Lanes 8i .. 8i+7 give the row addresses of
@@ -183,23 +145,7 @@ struct Sm90BwdTraits {
   // one's dQ may still read.
   static constexpr bool kOneBarrier = PSA_FA2_BWD90_ONE_BARRIER;
   static_assert(!kOneBarrier || kStages >= 3, "one barrier per step needs three stages");
-  // Decoupled: each warpgroup streams its own copy of the rows through its own ring and
-  // publishes them with its own barrier, so that the warpgroups run apart. Warpgroup 0 hands
-  // its half of a step's dS^T to warpgroup 1, which then computes the step's dQ rows 32 .. 63
-  // over all 128 keys; warpgroup 1 hands its half back, and warpgroup 0 computes rows 0 .. 31
-  // one step later. Three dS^T buffers: a warpgroup writes step i's while the other may still
-  // read step i - 2's (each waits at step i - 1 for what the other did after reading it).
-  static constexpr bool kDecoupled = PSA_FA2_BWD90_DECOUPLED;
-  static_assert(!kDecoupled || kOneBarrier, "the decoupled step refills the previous stage");
-  // PSA_FA2_BWD90_DECOUPLED=2: one ring, which warpgroup 0 fills and publishes to warpgroup 1
-  // with the hand-over of its dS^T half (it waits for the next step's rows before it hands
-  // over); it refills a stage once warpgroup 1 is two steps past it.
-  static constexpr bool kSharedRing = PSA_FA2_BWD90_DECOUPLED == 2;
-  static constexpr int kRings = kDecoupled && !kSharedRing ? kWarpgroups : 1;
-  // Steps the rows are requested ahead of the step that reads them.
-  static constexpr int kPrefetch = kSharedRing ? kStages - 2 : kStages - 1;
-  static_assert(!kSharedRing || kStages >= 4, "the shared ring is refilled two steps late");
-  static constexpr int kDSBuffers = kDecoupled ? 3 : kOneBarrier ? 2 : 1;
+  static constexpr int kDSBuffers = kOneBarrier ? 2 : 1;
   static_assert(kDk == 32 && kDv == 64, "the wgmma shapes below are those of (32, 64)");
   static_assert(C::kThreads == kThreads && C::kBlockN == kBlockN && C::kBlockM == kBlockM,
                 "the epilogue and workspace of the mma.sync kernel's configuration");
@@ -222,21 +168,17 @@ struct Sm90BwdTraits {
   static constexpr int kKOffset = 0;
   static constexpr int kVOffset = kKOffset + kWarpgroups * KTile::kBytes;
   static constexpr int kQOffset = kVOffset + kWarpgroups * VTile::kBytes;
-  static constexpr int kRingQBytes = kStages * QTile::kBytes;
-  static constexpr int kRingDOBytes = kStages * DOTile::kBytes;
-  static constexpr int kRingStatsBytes = kStages * kBlockM * 8;
-  static constexpr int kDOOffset = kQOffset + kRings * kRingQBytes;
+  static constexpr int kDOOffset = kQOffset + kStages * QTile::kBytes;
   // lse and D: [stage][row pair][lse of the pair, D of the pair], so that a thread reads those
   // of its two columns j * 8 + 2t, + 1 in one 16-byte load.
-  static constexpr int kRowStatsOffset = kDOOffset + kRings * kRingDOBytes;
-  static constexpr int kDSOffset = kRowStatsOffset + kRings * kRingStatsBytes;
+  static constexpr int kRowStatsOffset = kDOOffset + kStages * DOTile::kBytes;
+  static constexpr int kDSOffset = kRowStatsOffset + kStages * kBlockM * 8;
   static constexpr int kPassBytes = kDSOffset + kDSBuffers * DSTile::kElems * 2;
   static constexpr int kSmemBytes =
       kPassBytes > int(C::kStageBytes) ? kPassBytes : int(C::kStageBytes);
   static_assert(kVOffset % 1024 == 0 && kQOffset % 1024 == 0 && kDOOffset % 1024 == 0 &&
                     KTile::kBytes % 1024 == 0 && VTile::kBytes % 1024 == 0 &&
-                    QTile::kBytes % 1024 == 0 && DOTile::kBytes % 1024 == 0 &&
-                    kRingQBytes % 1024 == 0 && kRingDOBytes % 1024 == 0,
+                    QTile::kBytes % 1024 == 0 && DOTile::kBytes % 1024 == 0,
                 "tiles aligned to their swizzle atoms");
 
   // The B operands; "K-major" where the tile's columns run along the product's k.
@@ -308,11 +250,9 @@ __global__ void __launch_bounds__(
   const uint32_t sK = smem_base + Tr::kKOffset + wg * KTile::kBytes;  // this warpgroup's
   const uint32_t sV = smem_base + Tr::kVOffset + wg * VTile::kBytes;
   const uint32_t sK0 = smem_base + Tr::kKOffset;                       // both, for dQ
-  const int ring = Tr::kRings == 2 ? wg : 0;  // the stage ring this warpgroup reads
-  const uint32_t sQ = smem_base + Tr::kQOffset + ring * Tr::kRingQBytes;
-  const uint32_t sDO = smem_base + Tr::kDOOffset + ring * Tr::kRingDOBytes;
-  const int stats_offset = Tr::kRowStatsOffset + ring * Tr::kRingStatsBytes;
-  const float* sRowStats = reinterpret_cast<const float*>(bwd_sm90_smem + stats_offset);
+  const uint32_t sQ = smem_base + Tr::kQOffset;
+  const uint32_t sDO = smem_base + Tr::kDOOffset;
+  const float* sRowStats = reinterpret_cast<const float*>(bwd_sm90_smem + Tr::kRowStatsOffset);
   uint16_t* const sDS = reinterpret_cast<uint16_t*>(bwd_sm90_smem + Tr::kDSOffset);
 
   auto head = [&](const Strided4& s) {
@@ -339,21 +279,7 @@ __global__ void __launch_bounds__(
   auto issue_stream = [&](int it) {
     const int str0 = it * kBlockM;
     const int stage = (it - it_begin) % Tr::kStages;
-    if constexpr (Tr::kDecoupled) {
-      if (it < it_end && (!Tr::kSharedRing || wg == 0)) {
-        const ffwd::CopierFor<QTile, kCF, kStreamVecBytes> q_copier(wtid, row_stride(p.q));
-        copy_rows(q_copier, sQ + stage * QTile::kBytes, p.q, str0);
-        const ffwd::CopierFor<DOTile, kCF, kStreamVecBytes> do_copier(wtid, row_stride(p.dout));
-        copy_rows(do_copier, sDO + stage * DOTile::kBytes, p.dout, str0);
-        const int r = wtid % kBlockM, tok = str0 + r;
-        const bool ok = tok < n;
-        const bool is_lse = wtid < kBlockM;
-        const float* src = is_lse ? g_lse : g_del;
-        const int offset =
-            stats_offset + (stage * kBlockM * 2 + (r / 2) * 4 + (is_lse ? 0 : 2) + r % 2) * 4;
-        ffwd::cp_async<4>(smem_base + offset, ok ? src + tok : src, ok ? 4 : 0);
-      }
-    } else if (it < it_end && wg == 0) {
+    if (it < it_end && wg == 0) {
       const ffwd::CopierFor<QTile, kCF, kStreamVecBytes> copier(wtid, row_stride(p.q));
       copy_rows(copier, sQ + stage * QTile::kBytes, p.q, str0);
       // Rows past N get lse = D = 0 (finite); their P is masked to 0.
@@ -382,8 +308,8 @@ __global__ void __launch_bounds__(
     v_copier.copy(sV, at(head(p.v), row_stride(p.v), first), valid);
   }
   issue_stream(it_begin);  // one group with K and V
-  for (int i = 1; i < Tr::kPrefetch; ++i) issue_stream(it_begin + i);
-  publish_copies<Tr::kPrefetch - 1>();  // the younger steps' rows may stay in flight
+  for (int i = 1; i < Tr::kStages - 1; ++i) issue_stream(it_begin + i);
+  publish_copies<Tr::kStages - 2>();  // the younger steps' rows may stay in flight
 
   uint32_t kf[kDk / 16][4];  // A fragments of this warp's 16 keys
   uint32_t vf[kDv / 16][4];
@@ -430,47 +356,12 @@ __global__ void __launch_bounds__(
   const int my_key = key0 + (warp % 4) * 16 + g;
   const bool key_ok[2] = {my_key < n, my_key + 8 < n};
 
-  auto ds_buffer = [](int it) { return Tr::kDSBuffers == 3 ? it % 3 : Tr::kDSBuffers == 2 ? it & 1 : 0; };
-  // dQ[str0 .. + 64] += dS K over the CTA's 128 keys for step `it_dq`, whose dS^T is in its
-  // buffer: this warp computes the 16 x 16 block at rows 16 mt, columns 16 (warp % 2), in
-  // PSA_FA2_BWD90_DQ_CHAINS chains of MMAs (k16 steps round robin) that are summed at the end,
-  // so that fewer of them wait on each other.
-  auto dq_rows = [&](int it_dq, int mt) {
-    static_assert(kBlockM / 16 * (kDk / 16) == Tr::kThreads / 32, "one dQ block per warp");
-    const int str0 = it_dq * kBlockM;
-    const uint16_t* const ds_buf = sDS + ds_buffer(it_dq) * DSTile::kElems;
-    const int np = warp % (kDk / 16);
-    constexpr int kChains = PSA_FA2_BWD90_DQ_CHAINS;
-    static_assert(kChains == 1 || kChains == 2, "one or two chains");
-    float q[kChains][2][4] = {};  // [chain][n8 half][fragment]
-#pragma unroll
-    for (int ks = 0; ks < Tr::kBlockN / 16; ++ks) {
-      // A = dS[row][key] from dS^T[key][row]: transposed load (rows = keys, chunks of rows).
-      uint32_t a[4];
-      {
-        const int jj = ks * 16 + (lane & 7) + ((lane >> 4) << 3);
-        const int ii = mt * 16 + ((lane >> 3) & 1) * 8;
-        ffwd::ldsm_x4_trans(a, ffwd::smem_u32(ds_buf + DSTile::off(jj, ii)));
-      }
-      ffwd::mma_16816<kDtype>(q[ks % kChains][0], a, kq[ks][0], kq[ks][1]);
-      ffwd::mma_16816<kDtype>(q[ks % kChains][1], a, kq[ks][2], kq[ks][3]);
-    }
-    if constexpr (kChains == 2) {
-#pragma unroll
-      for (int h8 = 0; h8 < 2; ++h8) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) q[0][h8][e] += q[1][h8][e];
-      }
-    }
-    fbwd::red_add_dq_block<kDk>(ws + (int64_t(bh) * n_pad + str0 + mt * 16) * kDk, q[0], np * 16);
-  };
-
   // One step: the 64 streamed rows at str0, in stage `stage`. kMasked: some owned key or some
   // streamed row is past N. The caller branches once per step, so the other steps carry no
   // range checks (ptxas would otherwise turn them into selects on every score).
   auto step = [&](int it, int stage, auto masked) {
     const int str0 = it * kBlockM;
-    uint16_t* const ds_buf = sDS + ds_buffer(it) * DSTile::kElems;
+    uint16_t* const ds_buf = sDS + (Tr::kDSBuffers == 2 ? (it & 1) * DSTile::kElems : 0);
     constexpr bool kMasked = decltype(masked)::value;
     // -lse log2 e and D of the columns (query rows) 8j + 2t, 8j + 2t + 1 of this thread: read
     // before the wgmmas (PSA_FA2_BWD90_EARLY_LSE=1), which hides their latency behind them at
@@ -571,48 +462,43 @@ __global__ void __launch_bounds__(
     // the next step's rows (landed: every group issued so far; visible to the async proxy),
     // and every thread is past the waits on the products that read the previous step's stage,
     // which is refilled.
-    if constexpr (Tr::kDecoupled) {
-    } else if constexpr (Tr::kOneBarrier) {
+    if constexpr (Tr::kOneBarrier) {
       publish_copies<Tr::kStages - 3>();  // step it + 1's rows; younger ones may stay in flight
       issue_stream(it + Tr::kStages - 1);
     } else {
       __syncthreads();
     }
 
-    if constexpr (Tr::kDecoupled) {
-      // This warpgroup's rows of step it + 1 (the stage refilled is its step it - 1's, which
-      // every thread of it is past) and its half of dS^T, published within the warpgroup; then
-      // the hand-over (see Sm90BwdTraits::kDecoupled). Warpgroup 1 waits for warpgroup 0's half
-      // before it hands its own over, so that neither barrier is arrived at twice before the
-      // other side has waited on it.
-      if constexpr (Tr::kSharedRing) {
-        if (wg == 0) {
-          publish_copies_warpgroup<Tr::kPrefetch - 2>(wg);  // step it + 1's rows
-          arrive_parity<kHalfFrom0, 256>(it);
-          // Warpgroup 1 is past step it - 2: its stage takes step it + kPrefetch.
-          if (it > it_begin) sync_parity<kHalfFrom1, 256>(it - 1);
-          issue_stream(it + Tr::kPrefetch);
-          if (it > it_begin) dq_rows(it - 1, warp / 2);
+    // dQ[str0 .. + 64] += dS K over the CTA's 128 keys: warp w computes the 16 x 16 block
+    // (rows 16 (w / 2), columns 16 (w % 2)), in PSA_FA2_BWD90_DQ_CHAINS chains of MMAs (k16
+    // steps round robin) that are summed at the end, so that fewer of them wait on each other.
+    {
+      static_assert(kBlockM / 16 * (kDk / 16) == Tr::kThreads / 32, "one dQ block per warp");
+      const int mt = warp / (kDk / 16), np = warp % (kDk / 16);
+      constexpr int kChains = PSA_FA2_BWD90_DQ_CHAINS;
+      static_assert(kChains == 1 || kChains == 2, "one or two chains");
+      float q[kChains][2][4] = {};  // [chain][n8 half][fragment]
+#pragma unroll
+      for (int ks = 0; ks < Tr::kBlockN / 16; ++ks) {
+        // A = dS[row][key] from dS^T[key][row]: transposed load (rows = keys, chunks of rows).
+        uint32_t a[4];
+        {
+          const int jj = ks * 16 + (lane & 7) + ((lane >> 4) << 3);
+          const int ii = mt * 16 + ((lane >> 3) & 1) * 8;
+          ffwd::ldsm_x4_trans(a, ffwd::smem_u32(ds_buf + DSTile::off(jj, ii)));
         }
-      } else {
-        publish_copies_warpgroup<Tr::kStages - 3>(wg);
-        issue_stream(it + Tr::kStages - 1);
-        if (wg == 0) {
-          arrive_parity<kHalfFrom0, 256>(it);
-          if (it > it_begin) {
-            sync_parity<kHalfFrom1, 256>(it - 1);
-            dq_rows(it - 1, warp / 2);
-          }
+        ffwd::mma_16816<kDtype>(q[ks % kChains][0], a, kq[ks][0], kq[ks][1]);
+        ffwd::mma_16816<kDtype>(q[ks % kChains][1], a, kq[ks][2], kq[ks][3]);
+      }
+      if constexpr (kChains == 2) {
+#pragma unroll
+        for (int h8 = 0; h8 < 2; ++h8) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) q[0][h8][e] += q[1][h8][e];
         }
       }
-      if (wg == 0) {
-      } else {
-        sync_parity<kHalfFrom0, 256>(it);
-        arrive_parity<kHalfFrom1, 256>(it);
-        dq_rows(it, 2 + (warp - 4) / 2);
-      }
-    } else {
-      dq_rows(it, warp / 2);
+      fbwd::red_add_dq_block<kDk>(ws + (int64_t(bh) * n_pad + str0 + mt * 16) * kDk, q[0],
+                                  np * 16);
     }
 
     // dV and dK landed: their A fragments and this stage may be reused.
@@ -643,13 +529,6 @@ __global__ void __launch_bounds__(
       step(it, stage, std::false_type{});
     }
     stage = stage + 1 == Tr::kStages ? 0 : stage + 1;
-  }
-  if constexpr (Tr::kDecoupled) {
-    // Warpgroup 0's dQ rows of the last step.
-    if (wg == 0 && it_end > it_begin) {
-      sync_parity<kHalfFrom1, 256>(it_end - 1);
-      dq_rows(it_end - 1, warp / 2);
-    }
   }
   ffwd::cp_async_wait<0>();  // the empty groups, before the epilogue reuses shared memory
 
