@@ -305,7 +305,10 @@ __global__ void __launch_bounds__(
       bulk_copy::wait(empty_bars + 8 * (j & Tr::kStageMask), ((j / Tr::kStages) & 1) ^ 1);
     }
   };
+  // The warp's lanes first meet, so that their reads of the stage (ldmatrix in the redo,
+  // whose lanes read for each other) are ordered before the arrival that frees it.
   auto release_image = [&](int j) {
+    __syncwarp();
     if (lane == 0) bulk_copy::arrive(empty_bars + 8 * (j & Tr::kStageMask));
   };
 
