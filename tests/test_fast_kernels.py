@@ -211,18 +211,18 @@ def test_forward_wgmma_reads_kv_tile_images(N, vec, views, warpgroups, dtype, mo
                                rf"flash_fwd_sm90_kernel<[^>]*, {vec}, {code}>")
 
 
-LONG_ROW_IMAGE_CASES = [(8192, 16), (8193, 2)]
+LONG_ROW_IMAGE_CASES = [(12800, 16), (12801, 2)]
 
 
 @pytest.mark.parametrize("N,vec", LONG_ROW_IMAGE_CASES, ids=case_ids(LONG_ROW_IMAGE_CASES))
 def test_forward_wgmma_reads_kv_tile_images_on_long_rows(N, vec):
-    """From 8192 tokens on the forward copies K and V to tile images by default, on 128-byte
-    aligned rows as on 2-byte ones; at 8191, it does not."""
+    """From 12800 tokens on the forward copies K and V to tile images by default, on 128-byte
+    aligned rows as on 2-byte ones; at 12799, it does not."""
     if not on_hopper():
         pytest.skip("the tile images feed the wgmma kernel (Hopper) only")
     check_forward_on_kv_copies((1, 1), N, "split", torch.bfloat16,
                                rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 0>")
-    _, q, k, v = make_qkv(1, 1, 8191, 32, 64, torch.bfloat16, "cuda", "channel_first")
+    _, q, k, v = make_qkv(1, 1, 12799, 32, 64, torch.bfloat16, "cuda", "channel_first")
     names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast"))
     assert not re.search(r"flash_fwd_sm90_kernel<[^>]*, [01]>", " ".join(names)), names
 

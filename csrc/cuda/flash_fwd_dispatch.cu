@@ -157,12 +157,13 @@ bool flash_fwd_wants_aligned_kv(const FwdParams& p) {
 // 0.95-1.07x at 6400, 1.03x at 4,4,12800, 1.10x at 2,2,31250, 1.05x at 1,4,40000, 1.02-1.05x
 // at 1,2,62464-62500, 1.09x at 1,1,100000. In fp16 (kv_tile_images_long_fp16.md) they were
 // 0.99-1.01x at 12800-62500: neither gain nor loss. Since each warp takes its own lazy-max
-// decisions (no warpgroup barrier per step, e29966e) the kernels alone are 3-4.5% faster and
-// the images gained, bf16 (bench/results/h200-2026-12-02-e04f8ed/kv_tile_images_bf16.md):
-// 0.98x at 8,4,6400, 1.06x at 4,4,8192 and 4,4,12800, 1.12x at 1,1,25000, 1.21x at 2,2,31250,
-// 1.15x at 1,2,62500. So from kKVTileImagesMinSeqlen tokens on the caller copies the images;
+// decisions (e29966e), the image kernels alone are 2-4.5% faster, and bf16 gained 1.06x at
+// 4,4,12800, 1.12x at 1,1,25000, 1.21x at 2,2,31250, 1.15x at 1,2,62500
+// (bench/results/h200-2026-12-02-e04f8ed/kv_tile_images_bf16.md), but not below 12800:
+// 0.95-1.02x at 6400-8193 in bf16 and fp16 (h200-2026-12-02-510cffe). So from
+// kKVTileImagesMinSeqlen tokens on the caller copies the images;
 // PSA_FA2_KV_TILE_IMAGES=0 / 1 / 2 / 3 overrides that (sm90_device.h).
-constexpr int kKVTileImagesMinSeqlen = 8192;
+constexpr int kKVTileImagesMinSeqlen = 12800;
 
 bool flash_fwd_wants_kv_tile_images(const FwdParams& p) {
   const CopyChoice choice = kv_tile_images_choice().copy;

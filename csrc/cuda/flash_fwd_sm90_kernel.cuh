@@ -513,6 +513,9 @@ __global__ void __launch_bounds__(
           su, qf, sK + (j & Tr::kStageMask) * Tr::kKStageStride + u * Tr::kKSubStride,
           lane_here);
     }
+    // Those were generic-proxy reads of a stage that a bulk copy (the async proxy) refills once
+    // the warp has released it: ordered before that release.
+    wgmma::fence_proxy_async_shared();
     if constexpr (decltype(is_last)::value) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
     mma_softmax::softmax_probabilities<kSTiles, true>(s, row_max, row_sum, scale_log2, alpha);
     set_offsets();
