@@ -81,7 +81,7 @@
 // bench/results/h200-2026-12-01-9e983ee/kernel_variants.txt): the exponentials are not what
 // the step waits for.
 // Also tried, not kept (bench/tune/tune_bwd.cu at 1161e81, two alternating runs,
-// bench/results/h200-2026-12-02-1161e81/bwd_decoupled.txt): the warpgroups decoupled, so that
+// bench/results/h200-2026-12-02/bwd_decoupled.txt): the warpgroups decoupled, so that
 // one's exponentials could overlap the other's products. Each warpgroup streamed its own copy
 // of the rows through its own ring, published with its own barrier; they handed their dS^T
 // halves over with named barriers, and each computed half of dQ (warpgroup 0 one step late).

@@ -159,8 +159,8 @@ bool flash_fwd_wants_aligned_kv(const FwdParams& p) {
 // 0.99-1.01x at 12800-62500: neither gain nor loss. Since each warp takes its own lazy-max
 // decisions (e29966e), the image kernels alone are 2-4.5% faster, and bf16 gained 1.06x at
 // 4,4,12800, 1.12x at 1,1,25000, 1.21x at 2,2,31250, 1.15x at 1,2,62500
-// (bench/results/h200-2026-12-02-e04f8ed/kv_tile_images_bf16.md), but not below 12800:
-// 0.95-1.02x at 6400-8193 in bf16 and fp16 (h200-2026-12-02-510cffe). So from
+// (bench/results/h200-2026-12-02/kv_tile_images_bf16_e04f8ed.md), but not below 12800:
+// 0.95-1.02x at 6400-8193 in bf16 and fp16 (kv_tile_images_*_510cffe.md there). So from
 // kKVTileImagesMinSeqlen tokens on the caller copies the images;
 // PSA_FA2_KV_TILE_IMAGES=0 / 1 / 2 / 3 overrides that (sm90_device.h).
 constexpr int kKVTileImagesMinSeqlen = 12800;

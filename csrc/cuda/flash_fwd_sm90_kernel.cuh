@@ -78,6 +78,12 @@
 // MUFU ops) and gives the same probabilities as taking the lazy max every tile. Measured on
 // the H200 (bf16, channel-first, bench/fwd_kernels.py) against taking the lazy max every
 // tile: 4160 against 4463 us at B,H,N = 1,2,62500, 634 against 653 us at 8,4,6400.
+// The tile-image kernels, whose barrier had no copies to publish, decide per warp instead: a
+// warp whose rows need it recomputes their S on mma.sync (warp_scores, from the stage) right
+// after packing P, so the step has no warpgroup barrier at all. Against the warpgroup vote,
+// kernels alone (bench/tune/tune_fwd.cu, bench/results/h200-2026-12-02/kernel_ab*.txt):
+// "cft" 1.03-1.05x at 8,4,6400 / 4,4,12800 / 1,2,62500, "cft3" 1.00x at 2,2,31250, 1.02x at
+// 1,2,62500, 1.04x at 1,1,100000.
 // Tried, not kept: the row sums of P on the tensor cores (8 rows of ones after each V tile,
 // O += P V as a wgmma n72), which drops the 32 FADDs per thread and tile; ptxas then moved
 // P into the A registers after the wait (16 moves) and the stage addressing to the vector
