@@ -450,7 +450,8 @@ __global__ void __launch_bounds__(
   float row_sum[2] = {0.f, 0.f};
   float alpha[2];
   // The exponentials' offsets (-(the rows' reference max)), this lane's row sums of the last
-  // tile and whether that tile must be redone, which the next barrier settles.
+  // tile and whether that tile must be redone, which the next barrier (row copies) or the warp
+  // itself (tile images) settles.
   float neg_m[2];
   float sums[2] = {0.f, 0.f};
   bool above = false;
@@ -470,6 +471,19 @@ __global__ void __launch_bounds__(
   };
   set_offsets();
   pack_p(s, pf);
+  // Tile i's scores, in s, through the lazy-max path: a new max where it grew by more than the
+  // slack, O rescaled, P packed again.
+  auto take_lazy_max = [&](int i, auto is_last) {
+    if constexpr (decltype(is_last)::value) mma_softmax::mask_keys_past(s, i * kBlockN, N, t);
+    mma_softmax::softmax_probabilities<kSTiles, true>(s, row_max, row_sum, scale_log2, alpha);
+    set_offsets();
+    mma_softmax::rescale_rows(o, alpha);
+    pack_p(s, pf);
+  };
+  auto count_sums = [&] {
+    row_sum[0] += sums[0];
+    row_sum[1] += sums[1];
+  };
   // Row copies: every wgmma reads what other threads copied: the copies in flight (K tile i + 1,
   // V tile i) must have landed (cp.async wait), be made visible to the async proxy and be
   // published by a barrier. That barrier also decides, for the whole warpgroup (the wgmmas are
@@ -482,19 +496,14 @@ __global__ void __launch_bounds__(
       cp_async_wait<0>();
       wgmma::fence_proxy_async_shared();
       if (!__syncthreads_or(above)) {
-        row_sum[0] += sums[0];
-        row_sum[1] += sums[1];
+        count_sums();
         return;
       }
       wgmma::fence();
       issue_s(s, i);
       wgmma::wait_group<0>();
       wgmma::pin(s);
-      if constexpr (decltype(is_last)::value) mma_softmax::mask_keys_past(s, i * kBlockN, N, t);
-      mma_softmax::softmax_probabilities<kSTiles, true>(s, row_max, row_sum, scale_log2, alpha);
-      set_offsets();
-      mma_softmax::rescale_rows(o, alpha);
-      pack_p(s, pf);
+      take_lazy_max(i, is_last);
     }
   };
   // With tile images nothing else needs the warpgroup's warps together at the step's start, so
@@ -505,8 +514,7 @@ __global__ void __launch_bounds__(
   // redo; only S_j's rounding may differ, mma.sync summing its k16 steps its own way.
   auto redo_warp_rows = [&](int j, auto is_last) {
     if (!__any_sync(0xffffffffu, above)) {
-      row_sum[0] += sums[0];
-      row_sum[1] += sums[1];
+      count_sums();
       return;
     }
     // The lane index read again here keeps ptxas from computing this rare path's ldmatrix
@@ -522,11 +530,7 @@ __global__ void __launch_bounds__(
     // Those were generic-proxy reads of a stage that a bulk copy (the async proxy) refills once
     // the warp has released it: ordered before that release.
     wgmma::fence_proxy_async_shared();
-    if constexpr (decltype(is_last)::value) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
-    mma_softmax::softmax_probabilities<kSTiles, true>(s, row_max, row_sum, scale_log2, alpha);
-    set_offsets();
-    mma_softmax::rescale_rows(o, alpha);
-    pack_p(s, pf);
+    take_lazy_max(j, is_last);
   };
   // Tile j >= 1. Only the last tile can be partial; the others take no branch between issue and
   // wait, which ptxas would otherwise answer by waiting for every product at the branch.
