@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds and times the fast forward kernels' compile-time variants (needs a GPU and nvcc):
 #   bash bench/tune/tune_fwd.sh [bf16|sm90|sm90img|sm90img3|tf32] [arch, default 90; the sm90
-#   kinds build for 90a; the image kinds time the tile-image kernels, default build only]
+#   kinds build for 90a; the image kinds time the tile-image kernels, with the warpgroup vote and the per-warp redo]
 set -euo pipefail
 cd "$(dirname "$0")"
 kernel=${1:-bf16}
@@ -17,8 +17,8 @@ if [ "$kernel" = tf32 ]; then
   order="default block_n32 min_blocks1 block_n128_min_blocks1"
 elif [ "$kernel" = sm90img ] || [ "$kernel" = sm90img3 ]; then
   arch=90a
-  variants=([default]="")
-  order="default"
+  variants=([default]="" [warp_redo]="-DPSA_FA2_SM90_WARP_REDO=1")
+  order="default warp_redo"
 elif [ "$kernel" = sm90 ]; then
   arch=90a
   variants=(

@@ -156,12 +156,8 @@ bool flash_fwd_wants_aligned_kv(const FwdParams& p) {
 // them (aligned rows or the views as given): 0.53-0.88x at N = 400, 0.76-0.95x at 1600,
 // 0.95-1.07x at 6400, 1.03x at 4,4,12800, 1.10x at 2,2,31250, 1.05x at 1,4,40000, 1.02-1.05x
 // at 1,2,62464-62500, 1.09x at 1,1,100000. In fp16 (kv_tile_images_long_fp16.md) they were
-// 0.99-1.01x at 12800-62500: neither gain nor loss. Since each warp takes its own lazy-max
-// decisions (e29966e), the image kernels alone are 2-4.5% faster, and bf16 gained 1.06x at
-// 4,4,12800, 1.12x at 1,1,25000, 1.21x at 2,2,31250, 1.15x at 1,2,62500
-// (bench/results/h200-2026-12-02/kv_tile_images_bf16_e04f8ed.md), but not below 12800:
-// 0.95-1.02x at 6400-8193 in bf16 and fp16 (kv_tile_images_*_510cffe.md there). So from
-// kKVTileImagesMinSeqlen tokens on the caller copies the images;
+// 0.99-1.01x at 12800-62500: neither gain nor loss. So from kKVTileImagesMinSeqlen tokens on
+// (every row width gained there in bf16) the caller copies the images;
 // PSA_FA2_KV_TILE_IMAGES=0 / 1 / 2 / 3 overrides that (sm90_device.h).
 constexpr int kKVTileImagesMinSeqlen = 12800;
 

@@ -78,12 +78,19 @@
 // MUFU ops) and gives the same probabilities as taking the lazy max every tile. Measured on
 // the H200 (bf16, channel-first, bench/fwd_kernels.py) against taking the lazy max every
 // tile: 4160 against 4463 us at B,H,N = 1,2,62500, 634 against 653 us at 8,4,6400.
-// The tile-image kernels, whose barrier had no copies to publish, decide per warp instead: a
-// warp whose rows need it recomputes their S on mma.sync (warp_scores, from the stage) right
-// after packing P, so the step has no warpgroup barrier at all. Against the warpgroup vote,
-// kernels alone (bench/tune/tune_fwd.cu, bench/results/h200-2026-12-02/kernel_ab*.txt):
-// "cft" 1.03-1.05x at 8,4,6400 / 4,4,12800 / 1,2,62500, "cft3" 1.00x at 2,2,31250, 1.02x at
-// 1,2,62500, 1.04x at 1,1,100000.
+// PSA_FA2_SM90_WARP_REDO=1 (an experiment, not the default) has the tile-image kernels, whose
+// barrier publishes no copies, decide per warp instead: a warp whose rows need it recomputes
+// their S on mma.sync (warp_scores, from the stage) right after packing P, so that the step
+// has no warpgroup barrier at all. Against the warpgroup vote, kernels alone
+// (bench/tune/tune_fwd.cu, bench/results/h200-2026-12-02/kernel_ab_warp_redo.txt): "cft"
+// 1.03-1.05x at 8,4,6400 / 4,4,12800 / 1,2,62500, "cft3" 1.00x at 2,2,31250, 1.02x at
+// 1,2,62500, 1.04x at 1,1,100000; through the benchmark 3283 against 3423 us at 1,2,62500
+// (h200-bf16-warp-redo.md there). Its GPU tests pass, but compute-sanitizer's racecheck
+// reports its ldmatrix reads of a stage against the bulk copy that later refills it (4
+// hazards in sanitize_images.py; racecheck_images_86227e0.txt), although the warp releases
+// the stage only after those reads (proxy fence, __syncwarp, then lane 0's arrival on the
+// stage's empty mbarrier, which the copying thread waits on). Until that is resolved (every
+// lane arriving, say) the default stays the warpgroup vote, which racecheck passes.
 // Tried, not kept: the row sums of P on the tensor cores (8 rows of ones after each V tile,
 // O += P V as a wgmma n72), which drops the 32 FADDs per thread and tile; ptxas then moved
 // P into the A registers after the wait (16 moves) and the stage addressing to the vector
@@ -125,11 +132,17 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static constexpr bool kKVImages = kKVVecBytes == kKVTileImages || kKVVecBytes == kKVTileImages3;
   static_assert(!kKVImages || kCF, "tile images of channel-first K and V");
   // 64-row warpgroups per CTA. With tile images, 2 ("cft") or 3 ("cft3"): all read each stage;
-  // each warp takes its own lazy-max decisions (redo_warp_rows) and releases a stage through
-  // an "empty" mbarrier, which the copying thread waits on before refilling it.
+  // each takes its lazy-max decision at its own named barrier (or each warp its own, with
+  // kWarpRedo) and releases a stage through an "empty" mbarrier, which the copying thread
+  // waits on before refilling it.
   static constexpr int kWarpgroups =
       kKVVecBytes == kKVTileImages3 ? 3 : kKVVecBytes == kKVTileImages ? 2 : 1;
   static constexpr int kCtaThreads = 128 * kWarpgroups;
+#if defined(PSA_FA2_SM90_WARP_REDO)
+  static constexpr bool kWarpRedo = kKVImages && PSA_FA2_SM90_WARP_REDO;
+#else
+  static constexpr bool kWarpRedo = false;
+#endif
   static constexpr int kRowsPerCta = kBlockM * kWarpgroups;
   // Tiles of 64 keys (one wgmma n64 / one 128-byte swizzle atom per row); one softmax step
   // takes kSubTiles of them: 2 in "cft3", else 1 (PSA_FA2_SM90_SUB_TILES, an experiment, sets
@@ -205,6 +218,35 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
       kWarpgroups == 3 ? 1 : (kSubTiles == 1 && kKVVecBytes != 2 ? 4 : 2) / kWarpgroups;
 #endif
 };
+
+// Whether any of the 128 threads that meet at named barrier kId passes pred.
+template <int kId>
+__device__ __forceinline__ bool barrier_or(bool pred) {
+  uint32_t any;
+  asm volatile(
+      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbarrier.cta.red.or.pred q, %2, 128, p;\n"
+      "selp.u32 %0, 1, 0, q;\n}\n"
+      : "=r"(any)
+      : "r"(static_cast<uint32_t>(pred)), "n"(kId)
+      : "memory");
+  return any != 0;
+}
+// The same over warpgroup wg (0 .. kWarpgroups - 1) of the CTA, at barrier 1 + wg (0 is
+// __syncthreads'). The ids are immediates: with a register id ptxas reserves all 16 barriers for
+// the kernel.
+template <int kWarpgroups>
+__device__ __forceinline__ bool warpgroup_sync_or(int wg, bool pred) {
+  if constexpr (kWarpgroups <= 2) {
+    return wg == 0 ? barrier_or<1>(pred) : barrier_or<2>(pred);
+  } else {
+    switch (wg) {
+      case 0: return barrier_or<1>(pred);
+      case 1: return barrier_or<2>(pred);
+      case 2: return barrier_or<3>(pred);
+      default: return barrier_or<4>(pred);
+    }
+  }
+}
 
 // %laneid, read where it is used (volatile: not hoisted or merged with threadIdx.x % 32).
 __device__ __forceinline__ int lane_id() {
@@ -311,10 +353,10 @@ __global__ void __launch_bounds__(
       bulk_copy::wait(empty_bars + 8 * (j & Tr::kStageMask), ((j / Tr::kStages) & 1) ^ 1);
     }
   };
-  // The warp's lanes first meet, so that their reads of the stage (ldmatrix in the redo,
-  // whose lanes read for each other) are ordered before the arrival that frees it.
+  // With kWarpRedo the warp's lanes first meet, so that their reads of the stage (ldmatrix in
+  // the redo, whose lanes read for each other) are ordered before the arrival that frees it.
   auto release_image = [&](int j) {
-    __syncwarp();
+    if constexpr (Tr::kWarpRedo) __syncwarp();
     if (lane == 0) bulk_copy::arrive(empty_bars + 8 * (j & Tr::kStageMask));
   };
 
@@ -450,8 +492,8 @@ __global__ void __launch_bounds__(
   float row_sum[2] = {0.f, 0.f};
   float alpha[2];
   // The exponentials' offsets (-(the rows' reference max)), this lane's row sums of the last
-  // tile and whether that tile must be redone, which the next barrier (row copies) or the warp
-  // itself (tile images) settles.
+  // tile and whether that tile must be redone, which the next barrier (or, with kWarpRedo, the
+  // warp itself) settles.
   float neg_m[2];
   float sums[2] = {0.f, 0.f};
   bool above = false;
@@ -484,30 +526,33 @@ __global__ void __launch_bounds__(
     row_sum[0] += sums[0];
     row_sum[1] += sums[1];
   };
-  // Row copies: every wgmma reads what other threads copied: the copies in flight (K tile i + 1,
-  // V tile i) must have landed (cp.async wait), be made visible to the async proxy and be
-  // published by a barrier. That barrier also decides, for the whole warpgroup (the wgmmas are
+  // Every wgmma reads what other threads copied: the copies in flight (K tile i + 1, V tile i)
+  // must have landed (cp.async wait), be made visible to the async proxy and be published by a
+  // barrier. That barrier also decides, for the whole warpgroup (the wgmmas are
   // warpgroup-wide), whether tile i (the last one exponentiated) must be redone: then S_i again
   // (K_i is still in its stage: the copies that refill it come after this), the lazy-max path
   // and O (which holds the products of the tiles before i) rescaled. Else its sums count.
-  // (Tile images decide at the end of each step instead, per warp: redo_warp_rows.)
+  // (With kWarpRedo the warps decide at the end of each step instead: redo_warp_rows.)
   auto settle_tile = [&](int i, auto is_last) {
+    if constexpr (Tr::kWarpRedo) return;
     if constexpr (!Tr::kKVImages) {
       cp_async_wait<0>();
       wgmma::fence_proxy_async_shared();
-      if (!__syncthreads_or(above)) {
-        count_sums();
-        return;
-      }
-      wgmma::fence();
-      issue_s(s, i);
-      wgmma::wait_group<0>();
-      wgmma::pin(s);
-      take_lazy_max(i, is_last);
     }
+    const bool redo = kWarpgroups == 1 ? __syncthreads_or(above)
+                                       : warpgroup_sync_or<kWarpgroups>(wg, above);
+    if (!redo) {
+      count_sums();
+      return;
+    }
+    wgmma::fence();
+    issue_s(s, i);
+    wgmma::wait_group<0>();
+    wgmma::pin(s);
+    take_lazy_max(i, is_last);
   };
-  // With tile images nothing else needs the warpgroup's warps together at the step's start, so
-  // each warp decides for its own 16 rows as soon as it has packed P_j, and redoes them on
+  // kWarpRedo: with tile images nothing else needs the warpgroup's warps together at the step's
+  // start, so each warp decides for its own 16 rows as soon as it has packed P_j, and redoes them on
   // mma.sync (the products are warpgroup-wide): S_j of its rows again from the stage (which
   // the warp releases only in the next step), the lazy-max path, its rows of O (every product
   // before P_j V_j has landed) rescaled. A row's probabilities are those of the warpgroup-wide
@@ -540,7 +585,8 @@ __global__ void __launch_bounds__(
     // K stage (j+1) % 2 and V stage j % 2 may be refilled.
     settle_tile(j - 1, std::false_type{});
     if constexpr (Tr::kKVImages) {
-      // Every warp is past tile j - 2's P V (the empty barrier): its stage takes tile
+      // Every thread is past tile j - 2's P V (this warpgroup's: the barrier above, or with
+      // kWarpRedo the empty barrier; the others': the empty barrier): its stage takes tile
       // j + kPrefetchSteps.
       if (tid == 0 && j + Tr::kPrefetchSteps < n_tiles) {
         wait_stage_free(j + Tr::kPrefetchSteps);
@@ -568,7 +614,7 @@ __global__ void __launch_bounds__(
     if constexpr (Tr::kKVImages) release_image(j - 1);  // its S was redone, if at all, above
     pack_p(s, pf);
     above = above_slack(pf);
-    if constexpr (Tr::kKVImages) redo_warp_rows(j, is_last);
+    if constexpr (Tr::kWarpRedo) redo_warp_rows(j, is_last);
   };
   for (int j = 1; j + 1 < n_tiles; ++j) tile_step(j, std::false_type{});
   if (n_tiles > 1) tile_step(n_tiles - 1, std::true_type{});
