@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and times the fast forward kernels' compile-time variants (needs a GPU and nvcc):
 #   bash bench/tune/tune_fwd.sh [bf16|sm90|sm90img|sm90img3|tf32] [arch, default 90; the sm90
-#   kinds build for 90a; the image kinds time the tile-image kernels, with the warpgroup vote and the per-warp redo]
+#   kinds build for 90a; the image kinds time the tile-image kernels, with the warpgroup vote
+#   and with the per-warp redo]
 set -euo pipefail
 cd "$(dirname "$0")"
 kernel=${1:-bf16}
