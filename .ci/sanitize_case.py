@@ -32,14 +32,14 @@ os.environ.pop("PSA_FA2_DISABLE_SM90")
 # The wgmma forward on K / V tile images (bulk copies, mbarriers, CTAs of two and of three
 # warpgroups; Hopper): one partial tile, 26 tiles with a partial last one (2-byte Q / out rows)
 # and 26 whole ones (16-byte rows), 13 steps of two tiles for three warpgroups; at 1601 the
-# last CTA's third warpgroup has no rows. Each also with rising scores (the per-warp redo).
+# last CTA's third warpgroup has no rows. Each also with rising scores (tiles redone).
 for warpgroups in ("2", "3"):
     os.environ["PSA_FA2_KV_TILE_IMAGES"] = warpgroups
     for N in (37, 1601, 1664):
         x = torch.randn(1, 2 * 128, N, device="cuda", dtype=torch.bfloat16)
         q, k, v = (t.transpose(2, 3) for t in x.view(1, 2, 128, N).split([32, 32, 64], 2))
         torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
-        # Scores rising along the keys: the row max jumps, and warps redo their rows' tiles.
+        # Scores rising along the keys: the row max jumps, and tiles are redone.
         q[..., 0] = 1
         k[..., 0] = torch.linspace(0, 48 / (32 ** -0.5 * 1.4426950408889634), N, device="cuda")
         torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")

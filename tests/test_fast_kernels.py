@@ -56,8 +56,8 @@ def rising_scores_qkv(N, dtype, layout):
 @dtypes
 @pytest.mark.parametrize("kernel", ["default", "mma_sync", "images2", "images3"])
 def test_forward_fast_rising_scores(N, dtype, layout, kernel, monkeypatch):
-    """Also on the tile-image kernels (channel-first, forced at these N), whose warps redo
-    their own rows' tiles on mma.sync when the max moves."""
+    """Also on the tile-image kernels (channel-first, forced at these N), whose warpgroups
+    redo a tile when the max moves as the row kernels do, at their own barriers."""
     if kernel != "default" and not on_hopper():
         pytest.skip("the default kernel is the mma.sync one off Hopper")
     if kernel == "mma_sync":

@@ -551,12 +551,13 @@ __global__ void __launch_bounds__(
     wgmma::pin(s);
     take_lazy_max(i, is_last);
   };
-  // kWarpRedo: with tile images nothing else needs the warpgroup's warps together at the step's
-  // start, so each warp decides for its own 16 rows as soon as it has packed P_j, and redoes them on
-  // mma.sync (the products are warpgroup-wide): S_j of its rows again from the stage (which
-  // the warp releases only in the next step), the lazy-max path, its rows of O (every product
-  // before P_j V_j has landed) rescaled. A row's probabilities are those of the warpgroup-wide
-  // redo; only S_j's rounding may differ, mma.sync summing its k16 steps its own way.
+  // kWarpRedo: with tile images nothing else needs the warpgroup's warps together at the
+  // step's start, so each warp decides for its own 16 rows as soon as it has packed P_j, and
+  // redoes them on mma.sync (the products are warpgroup-wide): S_j of its rows again from the
+  // stage (which the warp releases only in the next step), the lazy-max path, its rows of O
+  // (every product before P_j V_j has landed) rescaled. A row's probabilities are those of the
+  // warpgroup-wide redo; only S_j's rounding may differ, mma.sync summing its k16 steps its own
+  // way.
   auto redo_warp_rows = [&](int j, auto is_last) {
     if (!__any_sync(0xffffffffu, above)) {
       count_sums();
