@@ -11,7 +11,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
 
 #include "../../csrc/cuda/flash_bwd_sm90_kernel.cuh"
 #include "../../csrc/cuda/flash_fwd_sm90_kernel.cuh"
@@ -87,23 +86,8 @@ void run(int B, int H, int N) {
   auto launch = [&] {
     flash_bwd_sm90_instance<DType::kBFloat16, dk, dv, Layout::kChannelFirst, 16, 16>(p, 0);
   };
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0));
-  CHECK(cudaEventCreate(&t1));
-  for (int i = 0; i < 3; ++i) launch();
-  const int iters = N > 20000 ? 10 : 20;
-  CHECK(cudaEventRecord(t0));
-  for (int i = 0; i < iters; ++i) launch();
-  CHECK(cudaEventRecord(t1));
-  CHECK(cudaEventSynchronize(t1));
-  CHECK(cudaGetLastError());
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, t0, t1));
-  std::vector<__nv_bfloat16> h(n_qkv);
-  CHECK(cudaMemcpy(h.data(), grads, n_qkv * 2, cudaMemcpyDeviceToHost));
-  double sum = 0;
-  for (size_t i = 0; i < n_qkv; i += 7) sum += double(__bfloat162float(h[i])) * double(i % 13 + 1);
-  const double us = ms * 1e3 / iters;
+  const double us = tune::time_us(launch, N > 20000 ? 10 : 20);
+  const double sum = tune::checksum(grads, n_qkv);
   const double flops = 2.0 * bh * double(N) * N * (3 * dk + 2 * dv);  // S, dP, dV, dK, dQ
   std::printf("%dx%dx%d %10.1f us %7.1f TFLOP/s checksum %.6e\n", B, H, N, us,
               flops / us * 1e-6, sum);

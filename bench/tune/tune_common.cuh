@@ -1,4 +1,5 @@
-// What the tuning binaries (tune_fwd.cu, tune_bwd.cu) share: error checks and seeded inputs.
+// What the tuning binaries (tune_fwd.cu, tune_bwd.cu) share: error checks, seeded inputs, the
+// timing loop and the checksum of the outputs.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -7,6 +8,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <vector>
 
 #define CHECK(x)                                                   \
   do {                                                             \
@@ -45,6 +47,35 @@ __global__ void fill(T* x, size_t n, uint32_t seed = 0) {
     h ^= h >> 15;
     x[i] = from_float<T>((h & 0xffff) / 16384.0f - 2.0f);
   }
+}
+
+// Mean time of one launch() in us: 3 warm-up calls, then `iters` between two events.
+template <class Launch>
+double time_us(Launch launch, int iters) {
+  cudaEvent_t t0, t1;
+  CHECK(cudaEventCreate(&t0));
+  CHECK(cudaEventCreate(&t1));
+  for (int i = 0; i < 3; ++i) launch();
+  CHECK(cudaEventRecord(t0));
+  for (int i = 0; i < iters; ++i) launch();
+  CHECK(cudaEventRecord(t1));
+  CHECK(cudaEventSynchronize(t1));
+  CHECK(cudaGetLastError());
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, t0, t1));
+  CHECK(cudaEventDestroy(t0));
+  CHECK(cudaEventDestroy(t1));
+  return ms * 1e3 / iters;
+}
+
+// A weighted sum of every 7th of n device values: variants must agree on it up to rounding.
+template <class T>
+double checksum(const T* device, size_t n) {
+  std::vector<T> h(n);
+  CHECK(cudaMemcpy(h.data(), device, n * sizeof(T), cudaMemcpyDeviceToHost));
+  double sum = 0;
+  for (size_t i = 0; i < n; i += 7) sum += double(to_float(h[i])) * double(i % 13 + 1);
+  return sum;
 }
 
 }  // namespace tune

@@ -14,7 +14,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <vector>
 
 #include "../../csrc/cuda/flash_fwd_kernel.cuh"
 #include "../../csrc/cuda/flash_fwd_sm90_kernel.cuh"
@@ -81,22 +80,9 @@ void run(int B, int H, int N) {
     p.k.ptr = images;
     p.kv_tile_images = true;
   }
-  cudaEvent_t t0, t1;
-  CHECK(cudaEventCreate(&t0)); CHECK(cudaEventCreate(&t1));
-  for (int i = 0; i < 3; ++i) launch<T, kVec>(p);
-  const int iters = 20;
-  CHECK(cudaEventRecord(t0));
-  for (int i = 0; i < iters; ++i) launch<T, kVec>(p);
-  CHECK(cudaEventRecord(t1));
-  CHECK(cudaEventSynchronize(t1));
-  CHECK(cudaGetLastError());
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, t0, t1));
-  std::vector<T> h(n_out);
-  CHECK(cudaMemcpy(h.data(), out, n_out * sizeof(T), cudaMemcpyDeviceToHost));
-  double sum = 0;
-  for (size_t i = 0; i < n_out; i += 7) sum += double(tune::to_float(h[i])) * double(i % 13 + 1);
-  const double us = ms * 1e3 / iters, flops = 2.0 * B * H * double(N) * N * (dk + dv);
+  const double us = tune::time_us([&] { launch<T, kVec>(p); }, 20);
+  const double sum = tune::checksum(out, n_out);
+  const double flops = 2.0 * B * H * double(N) * N * (dk + dv);
   std::printf("%dx%dx%d vec%d %10.1f us %7.1f TFLOP/s checksum %.6e\n", B, H, N, kVec, us, flops / us * 1e-6, sum);
   cudaFree(qkv); cudaFree(out); cudaFree(lse); cudaFree(images);
 }
