@@ -56,8 +56,9 @@ def rising_scores_qkv(N, dtype, layout):
 @dtypes
 @pytest.mark.parametrize("kernel", ["default", "mma_sync", "images2", "images3"])
 def test_forward_fast_rising_scores(N, dtype, layout, kernel, monkeypatch):
-    """Also on the tile-image kernels (channel-first, forced at these N), whose warpgroups
-    redo a tile when the max moves as the row kernels do, at their own barriers."""
+    """Also on the tile-image kernels (channel-first, forced at these N), which redo a tile
+    when the max moves: the two-warpgroup one per warpgroup at its barrier, as the row
+    kernels do; the three-warpgroup one per warp, on mma.sync."""
     if kernel == "mma_sync":
         if not on_hopper():
             pytest.skip("the default kernel is the mma.sync one off Hopper")

@@ -18,8 +18,8 @@ if [ "$kernel" = tf32 ]; then
   order="default block_n32 min_blocks1 block_n128_min_blocks1"
 elif [ "$kernel" = sm90img ] || [ "$kernel" = sm90img3 ]; then
   arch=90a
-  variants=([default]="" [warp_redo]="-DPSA_FA2_SM90_WARP_REDO=1")
-  order="default warp_redo"
+  variants=([default]="" [vote]="-DPSA_FA2_SM90_WARP_REDO=0" [warp_redo]="-DPSA_FA2_SM90_WARP_REDO=1")
+  order="default vote warp_redo"
 elif [ "$kernel" = sm90 ]; then
   arch=90a
   variants=(

@@ -21,9 +21,14 @@ namespace bulk_copy {
 __device__ __forceinline__ void init_barrier(uint32_t bar, uint32_t arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(arrivals) : "memory");
 }
-// One arrival on `bar` (with no bytes to wait for: a barrier that counts threads).
+// One arrival on `bar` (with no bytes to wait for: a barrier that counts threads), ordered
+// after this thread's earlier memory accesses (release, the default semantics).
 __device__ __forceinline__ void arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// `count` arrivals at once, as above.
+__device__ __forceinline__ void arrive(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
 // Makes the initialised barriers visible to the async proxy that completes the copies.
 __device__ __forceinline__ void fence_barrier_init() {

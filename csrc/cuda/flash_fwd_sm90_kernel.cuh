@@ -78,19 +78,16 @@
 // MUFU ops) and gives the same probabilities as taking the lazy max every tile. Measured on
 // the H200 (bf16, channel-first, bench/fwd_kernels.py) against taking the lazy max every
 // tile: 4160 against 4463 us at B,H,N = 1,2,62500, 634 against 653 us at 8,4,6400.
-// PSA_FA2_SM90_WARP_REDO=1 (an experiment, not the default) has the tile-image kernels, whose
-// barrier publishes no copies, decide per warp instead: a warp whose rows need it recomputes
-// their S on mma.sync (warp_scores, from the stage) right after packing P, so that the step
-// has no warpgroup barrier at all. Against the warpgroup vote, kernels alone
-// (bench/tune/tune_fwd.cu, bench/results/h200-2026-12-02/kernel_ab_warp_redo.txt): "cft"
-// 1.03-1.05x at 8,4,6400 / 4,4,12800 / 1,2,62500, "cft3" 1.00x at 2,2,31250, 1.02x at
-// 1,2,62500, 1.04x at 1,1,100000; through the benchmark 3283 against 3423 us at 1,2,62500
-// (h200-bf16-warp-redo.md there). Its GPU tests pass, but compute-sanitizer's racecheck
-// reports its ldmatrix reads of a stage against the bulk copy that later refills it (4
-// hazards in sanitize_images.py; racecheck_images_86227e0.txt), although the warp releases
-// the stage only after those reads (proxy fence, __syncwarp, then lane 0's arrival on the
-// stage's empty mbarrier, which the copying thread waits on). Until that is resolved (every
-// lane arriving, say) the default stays the warpgroup vote, which racecheck passes.
+// The "cft3" kernel (three warpgroups on tile images) decides per warp instead, where its
+// barrier would publish no copies anyway: a warp whose rows need it recomputes their S on
+// mma.sync (warp_scores, from the stage) right after packing P, so that the step has no
+// warpgroup barrier at all. Kernels alone (bench/tune/tune_fwd.cu on the H200; in
+// bench/results/h200-2026-12-02, kernel_ab_warp_redo.txt with lane 0 releasing the stage for
+// its warp, kernel_ab_all_lanes.txt with every lane releasing it after a redo, as racecheck
+// needs), per-warp against warpgroup decisions: "cft3" 1.02-1.04x at 1,2,62500, 1.04x at
+// 1,1,100000, 1.05x at 8,4,6400, 0.99x at 2,2,31250; "cft" 1.03-1.05x in the first
+// but 0.97-0.99x in the second, so "cft" keeps the warpgroup vote. PSA_FA2_SM90_WARP_REDO=0
+// or 1 (an experiment) gives both image kernels the vote or the per-warp decision.
 // Tried, not kept: the row sums of P on the tensor cores (8 rows of ones after each V tile,
 // O += P V as a wgmma n72), which drops the 32 FADDs per thread and tile; ptxas then moved
 // P into the A registers after the wait (16 moves) and the stage addressing to the vector
@@ -141,7 +138,7 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
 #if defined(PSA_FA2_SM90_WARP_REDO)
   static constexpr bool kWarpRedo = kKVImages && PSA_FA2_SM90_WARP_REDO;
 #else
-  static constexpr bool kWarpRedo = false;
+  static constexpr bool kWarpRedo = kKVVecBytes == kKVTileImages3;
 #endif
   static constexpr int kRowsPerCta = kBlockM * kWarpgroups;
   // Tiles of 64 keys (one wgmma n64 / one 128-byte swizzle atom per row); one softmax step
@@ -353,11 +350,27 @@ __global__ void __launch_bounds__(
       bulk_copy::wait(empty_bars + 8 * (j & Tr::kStageMask), ((j / Tr::kStages) & 1) ^ 1);
     }
   };
-  // With kWarpRedo the warp's lanes first meet, so that their reads of the stage (ldmatrix in
-  // the redo, whose lanes read for each other) are ordered before the arrival that frees it.
+  // A warp that only ran wgmmas on a stage (the async proxy, done once their wait returns)
+  // releases it with one arrival, from lane 0. With kWarpRedo a stage's empty barrier counts
+  // 32 arrivals per warp instead: lane 0 makes all 32 at once, but a warp that also read the
+  // stage on mma.sync (the redo's ldmatrix, whose lanes read for each other) arrives from every
+  // lane, each after its own reads, so that each read is ordered before the bulk copy that
+  // refills the stage. (Lane 0 arriving for all after a __syncwarp is ordered too, but
+  // compute-sanitizer's racecheck does not follow that chain and reports the reads.)
+  constexpr uint32_t kArrivalsPerWarp = Tr::kWarpRedo ? 32 : 1;
+  bool warp_read_stage = false;  // kWarpRedo: this warp redid the tile it releases next
   auto release_image = [&](int j) {
-    if constexpr (Tr::kWarpRedo) __syncwarp();
-    if (lane == 0) bulk_copy::arrive(empty_bars + 8 * (j & Tr::kStageMask));
+    const uint32_t bar = empty_bars + 8 * (j & Tr::kStageMask);
+    if constexpr (Tr::kWarpRedo) {
+      if (warp_read_stage) {
+        bulk_copy::arrive(bar, 1);
+        warp_read_stage = false;
+      } else if (lane == 0) {
+        bulk_copy::arrive(bar, kArrivalsPerWarp);
+      }
+    } else if (lane == 0) {
+      bulk_copy::arrive(bar);
+    }
   };
 
   if constexpr (Tr::kKVImages) {
@@ -366,7 +379,7 @@ __global__ void __launch_bounds__(
 #pragma unroll
       for (int i = 0; i < Tr::kStages; ++i) {
         bulk_copy::init_barrier(full_bars + 8 * i, 1);
-        bulk_copy::init_barrier(empty_bars + 8 * i, 4 * kWarpgroups);
+        bulk_copy::init_barrier(empty_bars + 8 * i, kArrivalsPerWarp * 4 * kWarpgroups);
       }
       bulk_copy::fence_barrier_init();
     }
@@ -574,8 +587,9 @@ __global__ void __launch_bounds__(
           lane_here);
     }
     // Those were generic-proxy reads of a stage that a bulk copy (the async proxy) refills once
-    // the warp has released it: ordered before that release.
+    // the warp has released it: ordered before that release, which every lane makes.
     wgmma::fence_proxy_async_shared();
+    warp_read_stage = true;
     take_lazy_max(j, is_last);
   };
   // Tile j >= 1. Only the last tile can be partial; the others take no branch between issue and
