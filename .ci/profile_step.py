@@ -75,7 +75,6 @@ for name, fn in pieces.items():
     print(f"| {name} | {h:.1f} | {w:.1f} |")
 
 
-
 def ours_zeroed():
     ours()
     x.grad = None   # as optimizer.zero_grad() does
