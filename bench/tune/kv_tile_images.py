@@ -6,7 +6,9 @@ on a CUDA GPU (Hopper: the copies feed the wgmma kernel).
 For each shape, the block's split views (rows N elements apart) run the forward three ways:
 K / V copied to tile images (PSA_FA2_KV_TILE_IMAGES=1), without them (=0: the aligned row
 copies where their thresholds say, else the views as given), and with no copies at all
-(PSA_FA2_DISABLE_ALIGNED_COPIES=1). Times are medians of CUDA-graph replays
+(PSA_FA2_DISABLE_ALIGNED_COPIES=1); with --warpgroups also on tile images read by CTAs of two
+and of three warpgroups (PSA_FA2_KV_TILE_IMAGES=2 / 3; "images" is the one the dispatch
+picks). Times are medians of CUDA-graph replays
 (bench/bwd_schedules.py), device time only: the copies are part of the op's time. Each shape
 runs the three ways twice, in alternating order, and reports both; the gain is the rows'
 time over the images'.
@@ -28,6 +30,10 @@ WAYS = {
     "rows": {"PSA_FA2_KV_TILE_IMAGES": "0"},
     "none": {"PSA_FA2_DISABLE_ALIGNED_COPIES": "1"},
 }
+IMAGE_KERNELS = {
+    "2 wg": {"PSA_FA2_KV_TILE_IMAGES": "2"},
+    "3 wg": {"PSA_FA2_KV_TILE_IMAGES": "3"},
+}
 DEFAULT_SHAPES = ["1x4x400", "16x4x400", "16x4x401", "64x4x400", "16x4x1600", "16x4x1601",
                   "16x4x1602", "16x4x1604", "8x4x6400", "8x4x6401", "8x4x6402", "8x4x6404",
                   "8x4x6408", "1x2x62500", "1x2x62499", "1x2x62464"]
@@ -44,9 +50,9 @@ def environment(values):
             os.environ.pop(name, None)
 
 
-def forward_time(q, k, v, way):
+def forward_time(q, k, v, switches):
     scale = DK ** -0.5
-    with environment(WAYS[way]):
+    with environment(switches):
         return graph_time_us(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
 
 
@@ -55,17 +61,20 @@ def main():
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     parser.add_argument("--shapes", nargs="+", type=parse_shape,
                         default=[parse_shape(s) for s in DEFAULT_SHAPES], metavar="BxHxN")
+    parser.add_argument("--warpgroups", action="store_true",
+                        help="also time the images with each CTA shape forced")
     args = parser.parse_args()
     dtype = DTYPES[args.dtype]
+    ways = {**WAYS, **(IMAGE_KERNELS if args.warpgroups else {})}
     print(f"{torch.cuda.get_device_name()}, {args.dtype}, ({DK}, {DV}), forward, us\n")
-    print("| B,H,N | " + " | ".join(WAYS) + " | gain |")
-    print("|---|" + "---|" * (len(WAYS) + 1))
+    print("| B,H,N | " + " | ".join(ways) + " | gain |")
+    print("|---|" + "---|" * (len(ways) + 1))
     for B, H, N in args.shapes:
         qkv = torch.randn(B, H, 2 * DK + DV, N, device="cuda", dtype=dtype).transpose(2, 3)
         q, k, v = qkv.split([DK, DK, DV], dim=3)
-        first = {way: forward_time(q, k, v, way) for way in WAYS}
-        second = {way: forward_time(q, k, v, way) for way in reversed(list(WAYS))}
-        cells = [f"{first[w]:.1f} / {second[w]:.1f}" for w in WAYS]
+        first = {way: forward_time(q, k, v, ways[way]) for way in ways}
+        second = {way: forward_time(q, k, v, ways[way]) for way in reversed(list(ways))}
+        cells = [f"{first[w]:.1f} / {second[w]:.1f}" for w in ways]
         gain = (first["rows"] + second["rows"]) / (first["images"] + second["images"])
         print(f"| {B},{H},{N} | " + " | ".join(cells) + f" | {gain:.2f}x |", flush=True)
 

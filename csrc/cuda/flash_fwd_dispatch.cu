@@ -82,26 +82,32 @@ Widths widths(const FwdParams& p) {
 
 // Which kernel reads the tile images: CTAs of two warpgroups (128 rows, two CTAs per SM, steps
 // of 64 keys; kKVTileImages) or of three (192 rows, one per SM, steps of 128; kKVTileImages3).
-// Measured on the H200 (bf16, bench/tune/tune_fwd.cu sm90img, the kernels alone;
-// bench/results/h200-2026-12-01-9e983ee/kernel_ab.txt), three against two: 0.95x at
-// 8,4,6400, 0.87x at 4,4,8192, 0.97x at 4,4,12800, 1.07x at 2,2,31250, 0.96x at 1,4,40000,
-// 1.08x at 1,2,62500, 1.02x at 1,1,100000. Per SM and key they run about as fast on long rows
-// (within 2%), so what decides there is the last wave: the rows each SM works through, in
-// waves of 132 (one per SM) or 264 (two per SM) CTAs, predicts every one of those long-row
-// results. On shorter rows the three-warpgroup CTAs lose per key too (one CTA per SM leaves
-// its prologue and epilogue unhidden): they run from kKVTileImages3MinSeqlen tokens on only.
-constexpr int kKVTileImages3MinSeqlen = 25000;
-
+// Per SM and key they run about as fast on long rows (within 2%), so what decides is how the
+// CTAs fall on the SMs: the kernel whose busiest SM has fewer rows to work through, counting
+// full waves (132 or 264 CTAs) and then the rest spread over the SMs, ceil(rest / SMs) on the
+// busiest one; ties go to three warpgroups. Measured on the H200 (bf16, the kernels alone,
+// bench/tune/tune_fwd.cu sm90img / sm90img3; kernel_ab_waves.txt in
+// bench/results/h200-2026-12-02-eb645f6 and h200-2026-12-02-219a898), three warpgroups against
+// two, it picks the faster kernel at 17 of the 19 shapes measured from 12800 to 100000 tokens:
+// three warpgroups at 1.33-1.36x at 1,1,20000-24999, 1.14x at 1,2,20000, 1.10x at 2,4,15625,
+// 1.11x at 1,2,62500, 1.04x at 1,1,100000 (a tie); two at 1.07x at 1,1,12800-16000 (100-125
+// CTAs, one per SM, leave each SM 128 rows against 192), 1.09x at 1,4,20000, 1.45x at
+// 1,2,12800. The two misses are within 1%: 2,4,12800 (even) and 4,4,12800 (three warpgroups
+// 1.01x). The rule used to apply from 25000 tokens on only and to count whole waves of two
+// CTAs per SM, which mispredicts where the two-warpgroup CTAs leave SMs with one: it missed 6
+// of the 19, forgoing 1.10-1.36x.
 int kv_image_kernel(const FwdParams& p) {
   const int forced = kv_tile_images_choice().warpgroups;
   if (forced == 2 || forced == 3) return forced == 3 ? kKVTileImages3 : kKVTileImages;
   const int64_t sms = current_device_multiprocessors();
-  if (p.seqlen < kKVTileImages3MinSeqlen || sms <= 0) return kKVTileImages;
+  if (sms <= 0) return kKVTileImages;
   const int64_t heads = int64_t(p.batch) * p.heads;
-  // Rows per SM: waves of ceil(N / rows) * heads CTAs, `per_sm` resident on each SM.
+  // Rows on the busiest SM: ceil(N / rows) * heads CTAs, `per_sm` resident on each SM.
   auto rows_per_sm = [&](int64_t rows, int64_t per_sm) {
     const int64_t ctas = (p.seqlen + rows - 1) / rows * heads;
-    return (ctas + per_sm * sms - 1) / (per_sm * sms) * rows * per_sm;
+    const int64_t full_waves = ctas / (per_sm * sms);
+    const int64_t rest = ctas - full_waves * per_sm * sms;
+    return (full_waves * per_sm + (rest + sms - 1) / sms) * rows;
   };
   return rows_per_sm(192, 1) <= rows_per_sm(128, 2) ? kKVTileImages3 : kKVTileImages;
 }
