@@ -95,8 +95,19 @@
 // Also tried, not kept (bench/tune/tune_fwd.cu, two alternating runs, 2026-12-01): a share of
 // the exponentials on the FMA pipe (round, a cubic, the exponent added to its bits: 9
 // instructions for one MUFU op) was 5% slower with 8 of each thread's 32 per tile and 12% with
-// 16, at every shape: the MUFU pipe is not the limit (ex2 runs at 16 per clock and SM, and
-// this kernel keeps it about half busy). The redo decision from each lane's row sums of the
+// 16, at every shape. Measured again on both image kernels with the rounding as an FADD of
+// 1.5 * 2^23 (FRND and F2I take the MUFU's 8 cycles per warp instruction on a sub-partition,
+// as ex2 does: bench/tune/mufu_rates.cu) and a cubic of relative error 1e-4: slower still,
+// 0.97x with 4 of each thread's 64 exponentials per step of "cft3" at 1,2,62500, 0.83x with 32,
+// "cft" alike (fma_exps.txt in bench/results/h200-2026-12-02-eb645f6). The MUFU pipe is not
+// the limit (ex2 runs at 16 per clock and SM, and this kernel keeps it about 60% busy); every
+// instruction added to a warp's step costs time. A clock64 trace of one CTA of "cft3" there
+// (phase_trace.txt; the stamps moved the wait for P V after the exponentials) has a warp's
+// step at about 2600 cycles: about 600 from its start until S lands, 1300 issuing its 64 FFMA
+// + 64 MUFU (ptxas spaces consecutive MUFUs 8 cycles apart), 680 for the rest (the wait for
+// P V, packing P, the redo vote, the row sums). The three warpgroups run a third to a half of
+// a step apart without being told to (starting them 800 cycles apart changed nothing), and at
+// least one warp of each sub-partition is issuing exponentials 98% of the time. The redo decision from each lane's row sums of the
 // tile (> 2^8) instead of the packed maxima was 0-5% slower (ptxas placed the step's
 // addressing worse). ex2.approx.f16x2 / .bf16x2 are two MUFU ops on sm_90 (15.9 elements
 // per clock and SM, as f32), so packed exponentials gain nothing either.
@@ -141,6 +152,13 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static constexpr bool kWarpRedo = kKVVecBytes == kKVTileImages3;
 #endif
   static constexpr int kRowsPerCta = kBlockM * kWarpgroups;
+  // "cft" sums each tile's probabilities as a tree among the exponentials; otherwise the sums,
+  // used only where the tile is not redone, were left after the redo vote as a chain of 32
+  // dependent FADDs. Kernels alone on the H200 (bench/tune/tune_fwd.cu;
+  // bench/results/h200-2026-12-02-eb645f6/sums_tree.txt): "cft" 1.03x at 8,4,6400 and
+  // 4,4,12800, 1.06x at 1,2,62500; on "cft3" the same was 0.95x at 1,2,62500 and 0.93x at
+  // 2,2,31250, and the tree alone 0.98-1.01x there and on the row kernels, which keep the chain.
+  static constexpr bool kEarlySums = kKVVecBytes == kKVTileImages;
   // Tiles of 64 keys (one wgmma n64 / one 128-byte swizzle atom per row); one softmax step
   // takes kSubTiles of them: 2 in "cft3", else 1 (PSA_FA2_SM90_SUB_TILES, an experiment, sets
   // it for the row copies).
@@ -516,7 +534,8 @@ __global__ void __launch_bounds__(
   wgmma::wait_group<0>();
   wgmma::pin(s);
   mma_softmax::mask_keys_from(s, 0, N, t);
-  mma_softmax::softmax_probabilities(s, row_max, row_sum, scale_log2, alpha);  // o is still 0
+  mma_softmax::softmax_probabilities<kSTiles, false, Tr::kEarlySums>(s, row_max, row_sum,
+                                                                    scale_log2, alpha);  // o = 0
 
   uint32_t pf[kPVSteps][4];
   // The reference max: the first tile's. The steps pack P as they finish.
@@ -530,7 +549,8 @@ __global__ void __launch_bounds__(
   // slack, O rescaled, P packed again.
   auto take_lazy_max = [&](int i, auto is_last) {
     if constexpr (decltype(is_last)::value) mma_softmax::mask_keys_past(s, i * kBlockN, N, t);
-    mma_softmax::softmax_probabilities<kSTiles, true>(s, row_max, row_sum, scale_log2, alpha);
+    mma_softmax::softmax_probabilities<kSTiles, true, Tr::kEarlySums>(s, row_max, row_sum,
+                                                                      scale_log2, alpha);
     set_offsets();
     mma_softmax::rescale_rows(o, alpha);
     pack_p(s, pf);
@@ -622,7 +642,8 @@ __global__ void __launch_bounds__(
     wgmma::wait_group<1>();
     wgmma::pin(s);
     if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
-    mma_softmax::exponentiate(s, neg_m, scale_log2, sums);
+    mma_softmax::exponentiate<kSTiles, Tr::kEarlySums>(s, neg_m, scale_log2, sums);
+    if constexpr (Tr::kEarlySums) asm volatile("" : "+f"(sums[0]), "+f"(sums[1]));
     wgmma::wait_group<0>();  // P_{j-1} V_{j-1} is done with pf
     wgmma::pin(o);
     wgmma::pin(pf);

@@ -84,21 +84,34 @@ __device__ __forceinline__ void update_row_max(const float (&s)[kTiles][4], int 
   neg_m[r] = -m_ref;
 }
 
-// Its second half: row r of s becomes 2^(s * scale_log2 + neg_m); returns this lane's sum of it.
-template <int kTiles>
+// Its second half: row r of s becomes 2^(s * scale_log2 + neg_m); returns this lane's sum of it,
+// accumulated in order or, with kSumTree, as a tree (depth log2(2 kTiles) instead of 2 kTiles
+// dependent FADDs; the kernels measure which suits them).
+template <int kTiles, bool kSumTree = false>
 __device__ __forceinline__ float exponentiate_row(float (&s)[kTiles][4], int r, float neg_m,
                                                   float scale_log2) {
-  float sum = 0.f;
+  float sum[kTiles];
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {
     s[i][2 * r] = ex2(fmaf(s[i][2 * r], scale_log2, neg_m));
     s[i][2 * r + 1] = ex2(fmaf(s[i][2 * r + 1], scale_log2, neg_m));
-    sum += s[i][2 * r] + s[i][2 * r + 1];
+    if constexpr (kSumTree) {
+      sum[i] = s[i][2 * r] + s[i][2 * r + 1];
+    } else {
+      sum[0] = (i == 0 ? 0.f : sum[0]) + (s[i][2 * r] + s[i][2 * r + 1]);
+    }
   }
-  return sum;
+  if constexpr (kSumTree) {
+#pragma unroll
+    for (int w = 1; w < kTiles; w *= 2) {
+#pragma unroll
+      for (int i = 0; i + w < kTiles; i += 2 * w) sum[i] += sum[i + w];
+    }
+  }
+  return sum[0];
 }
 
-template <int kTiles, bool kLazyMax = false>
+template <int kTiles, bool kLazyMax = false, bool kSumTree = false>
 __device__ __forceinline__ void softmax_probabilities(float (&s)[kTiles][4], float (&row_max)[2],
                                                       float (&row_sum)[2], float scale_log2,
                                                       float (&alpha)[2]) {
@@ -106,16 +119,18 @@ __device__ __forceinline__ void softmax_probabilities(float (&s)[kTiles][4], flo
   for (int r = 0; r < 2; ++r) {
     float neg_m[2];
     update_row_max<kTiles, kLazyMax>(s, r, row_max, scale_log2, alpha, neg_m);
-    row_sum[r] = row_sum[r] * alpha[r] + exponentiate_row(s, r, neg_m[r], scale_log2);
+    row_sum[r] = row_sum[r] * alpha[r] +
+                 exponentiate_row<kTiles, kSumTree>(s, r, neg_m[r], scale_log2);
   }
 }
 
 // Both rows' exponentials against given offsets, without a max: this lane's row sums of them.
-template <int kTiles>
+template <int kTiles, bool kSumTree = false>
 __device__ __forceinline__ void exponentiate(float (&s)[kTiles][4], const float (&neg_m)[2],
                                              float scale_log2, float (&sums)[2]) {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) sums[r] = exponentiate_row(s, r, neg_m[r], scale_log2);
+  for (int r = 0; r < 2; ++r)
+    sums[r] = exponentiate_row<kTiles, kSumTree>(s, r, neg_m[r], scale_log2);
 }
 
 // Rows g and g + 8 of an accumulator of C fragments (16 rows x 8 * kOTiles) times alpha.
