@@ -152,13 +152,17 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static constexpr bool kWarpRedo = kKVVecBytes == kKVTileImages3;
 #endif
   static constexpr int kRowsPerCta = kBlockM * kWarpgroups;
-  // "cft" sums each tile's probabilities as a tree among the exponentials; otherwise the sums,
-  // used only where the tile is not redone, were left after the redo vote as a chain of 32
-  // dependent FADDs. Kernels alone on the H200 (bench/tune/tune_fwd.cu;
-  // bench/results/h200-2026-12-02-eb645f6/sums_tree.txt): "cft" 1.03x at 8,4,6400 and
-  // 4,4,12800, 1.06x at 1,2,62500; on "cft3" the same was 0.95x at 1,2,62500 and 0.93x at
-  // 2,2,31250, and the tree alone 0.98-1.01x there and on the row kernels, which keep the chain.
-  static constexpr bool kEarlySums = kKVVecBytes == kKVTileImages;
+  // Each lane's row sums of a tile, used only where the tile is not redone, were left by ptxas
+  // after the redo vote, as a chain of dependent FADDs at the end of the step. With tile images
+  // they are pinned among the exponentials instead (kEarlySums), "cft" adding them up as a tree
+  // (kSumTree), "cft3" in order. Kernels alone on the H200 (bench/tune/tune_fwd.cu,
+  // bench/results/h200-2026-12-02-eb645f6: sums_tree.txt, sum_variants.txt), against the chain
+  // after the vote: "cft3" 1.07x at 1,2,62500 and 2,2,31250, 1.04x at 8,4,6400 (with the tree
+  // 0.95x / 0.93x / 1.00x); "cft" 1.03x at 8,4,6400 and 4,4,12800, 1.06x at 1,2,62500 (with the
+  // chain, not measured alone). The row kernels keep the chain after the vote: pinned, 1.00-1.01x;
+  // as a tree, 0.98-0.99x.
+  static constexpr bool kEarlySums = kKVImages;
+  static constexpr bool kSumTree = kKVVecBytes == kKVTileImages;
   // Tiles of 64 keys (one wgmma n64 / one 128-byte swizzle atom per row); one softmax step
   // takes kSubTiles of them: 2 in "cft3", else 1 (PSA_FA2_SM90_SUB_TILES, an experiment, sets
   // it for the row copies).
@@ -534,8 +538,8 @@ __global__ void __launch_bounds__(
   wgmma::wait_group<0>();
   wgmma::pin(s);
   mma_softmax::mask_keys_from(s, 0, N, t);
-  mma_softmax::softmax_probabilities<kSTiles, false, Tr::kEarlySums>(s, row_max, row_sum,
-                                                                    scale_log2, alpha);  // o = 0
+  mma_softmax::softmax_probabilities<kSTiles, false, Tr::kSumTree>(s, row_max, row_sum,
+                                                                  scale_log2, alpha);  // o = 0
 
   uint32_t pf[kPVSteps][4];
   // The reference max: the first tile's. The steps pack P as they finish.
@@ -549,8 +553,8 @@ __global__ void __launch_bounds__(
   // slack, O rescaled, P packed again.
   auto take_lazy_max = [&](int i, auto is_last) {
     if constexpr (decltype(is_last)::value) mma_softmax::mask_keys_past(s, i * kBlockN, N, t);
-    mma_softmax::softmax_probabilities<kSTiles, true, Tr::kEarlySums>(s, row_max, row_sum,
-                                                                      scale_log2, alpha);
+    mma_softmax::softmax_probabilities<kSTiles, true, Tr::kSumTree>(s, row_max, row_sum,
+                                                                    scale_log2, alpha);
     set_offsets();
     mma_softmax::rescale_rows(o, alpha);
     pack_p(s, pf);
@@ -642,7 +646,7 @@ __global__ void __launch_bounds__(
     wgmma::wait_group<1>();
     wgmma::pin(s);
     if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
-    mma_softmax::exponentiate<kSTiles, Tr::kEarlySums>(s, neg_m, scale_log2, sums);
+    mma_softmax::exponentiate<kSTiles, Tr::kSumTree>(s, neg_m, scale_log2, sums);
     if constexpr (Tr::kEarlySums) asm volatile("" : "+f"(sums[0]), "+f"(sums[1]));
     wgmma::wait_group<0>();  // P_{j-1} V_{j-1} is done with pf
     wgmma::pin(o);

@@ -85,7 +85,8 @@ __device__ __forceinline__ void update_row_max(const float (&s)[kTiles][4], int 
 }
 
 // Its second half: row r of s becomes 2^(s * scale_log2 + neg_m); returns this lane's sum of it,
-// accumulated in order or, with kSumTree, as a tree (depth log2(2 kTiles) instead of 2 kTiles
+// accumulated in order (from the first pair: 0 + x would be one more dependent FADD, and gives
+// x for every x >= +0) or, with kSumTree, as a tree (depth log2(2 kTiles) instead of kTiles
 // dependent FADDs; the kernels measure which suits them).
 template <int kTiles, bool kSumTree = false>
 __device__ __forceinline__ float exponentiate_row(float (&s)[kTiles][4], int r, float neg_m,
@@ -98,7 +99,8 @@ __device__ __forceinline__ float exponentiate_row(float (&s)[kTiles][4], int r, 
     if constexpr (kSumTree) {
       sum[i] = s[i][2 * r] + s[i][2 * r + 1];
     } else {
-      sum[0] = (i == 0 ? 0.f : sum[0]) + (s[i][2 * r] + s[i][2 * r + 1]);
+      const float pair = s[i][2 * r] + s[i][2 * r + 1];
+      sum[0] = i == 0 ? pair : sum[0] + pair;
     }
   }
   if constexpr (kSumTree) {
