@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -25,6 +26,7 @@ namespace tune {
 
 __device__ __host__ inline float to_float(float x) { return x; }
 __device__ __host__ inline float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __host__ inline float to_float(__half x) { return __half2float(x); }
 template <class T>
 __device__ inline T from_float(float x);
 template <>
@@ -34,6 +36,10 @@ __device__ inline float from_float<float>(float x) {
 template <>
 __device__ inline __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
   return __float2bfloat16(x);
+}
+template <>
+__device__ inline __half from_float<__half>(float x) {
+  return __float2half(x);
 }
 
 // Deterministic values in [-2, 2) for each seed: every variant sees the same inputs.

@@ -6,9 +6,11 @@
 //                   csrc/cuda/copy_rows.cu), CTAs of two warpgroups ("cft")
 //   tune_fwd sm90img3 the same, CTAs of three warpgroups on steps of 128 keys ("cft3")
 //   tune_fwd tf32   the fp32 TF32 kernel (flash_fwd_tf32_kernel.cuh)
-// Prints "shape us TFLOP/s checksum"; the checksum of out must agree across variants.
+// Prints "shape us TFLOP/s checksum"; the checksum of out must agree across variants. The 16-bit
+// kinds run bf16, or fp16 in a build with -DPSA_FA2_TUNE_FP16.
 // Shapes may follow the kind (bf16 / sm90 / sm90img), e.g. `tune_fwd sm90img 1x2x62500`.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -23,6 +25,14 @@
 
 using namespace psa_fa2;
 
+#if defined(PSA_FA2_TUNE_FP16)
+using Half = __half;
+constexpr DType kHalf = DType::kFloat16;
+#else
+using Half = __nv_bfloat16;
+constexpr DType kHalf = DType::kBFloat16;
+#endif
+
 bool g_sm90 = false;
 int g_images = -1;  // the K / V width code of the image kernel, or -1: rows
 
@@ -31,15 +41,15 @@ template <class T, int kVec>
 void launch(const FwdParams& p) {
   if constexpr (sizeof(T) == 2) {
     if (g_images == kKVTileImages) {
-      launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, kVec, kKVTileImages>(
+      launch_flash_fwd_sm90<kHalf, 32, 64, Layout::kChannelFirst, kVec, kKVTileImages>(
           p, 0);
     } else if (g_images == kKVTileImages3) {
-      launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, kVec, kKVTileImages3>(
+      launch_flash_fwd_sm90<kHalf, 32, 64, Layout::kChannelFirst, kVec, kKVTileImages3>(
           p, 0);
     } else if (g_sm90) {
-      launch_flash_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, kVec, kVec>(p, 0);
+      launch_flash_fwd_sm90<kHalf, 32, 64, Layout::kChannelFirst, kVec, kVec>(p, 0);
     } else {
-      launch_flash_fwd<DType::kBFloat16, 32, 64, Layout::kChannelFirst, kVec>(p, 0);
+      launch_flash_fwd<kHalf, 32, 64, Layout::kChannelFirst, kVec>(p, 0);
     }
   } else {
     launch_flash_fwd_f32<32, 64, Layout::kChannelFirst, kVec, true>(p, 0);
@@ -65,7 +75,7 @@ void run(int B, int H, int N) {
   p.lse = lse;
   p.batch = B; p.heads = H; p.seqlen = N; p.head_dim_qk = dk; p.head_dim_v = dv;
   p.scale = 1.0 / 5.656854249492381;
-  p.dtype = sizeof(T) == 2 ? DType::kBFloat16 : DType::kFloat32;
+  p.dtype = sizeof(T) == 2 ? kHalf : DType::kFloat32;
   p.layout = Layout::kChannelFirst;
   p.allow_tf32 = true;
   void* images = nullptr;
@@ -107,13 +117,13 @@ void run_given_shapes(int count, char** shapes) {
       std::exit(2);
     }
     if (N % 8 == 0) {
-      run<__nv_bfloat16, 16>(B, H, N);
+      run<Half, 16>(B, H, N);
     } else if (N % 4 == 0) {
-      run<__nv_bfloat16, 8>(B, H, N);
+      run<Half, 8>(B, H, N);
     } else if (N % 2 == 0) {
-      run<__nv_bfloat16, 4>(B, H, N);
+      run<Half, 4>(B, H, N);
     } else {
-      run<__nv_bfloat16, 2>(B, H, N);
+      run<Half, 2>(B, H, N);
     }
   }
 }
@@ -130,7 +140,7 @@ int main(int argc, char** argv) {
   if (argc > 2 && !tf32) {
     run_given_shapes(argc - 2, argv + 2);
   } else {
-    tf32 ? run_shapes<float>() : run_shapes<__nv_bfloat16>();
+    tf32 ? run_shapes<float>() : run_shapes<Half>();
   }
   return 0;
 }
