@@ -82,20 +82,20 @@ Widths widths(const FwdParams& p) {
 
 // Which kernel reads the tile images: CTAs of two warpgroups (128 rows, two CTAs per SM, steps
 // of 64 keys; kKVTileImages) or of three (192 rows, one per SM, steps of 128; kKVTileImages3).
-// Per SM and key they run about as fast on long rows (within 2%), so what decides is how the
-// CTAs fall on the SMs: the kernel whose busiest SM has fewer rows to work through, counting
-// full waves (132 or 264 CTAs) and then the rest spread over the SMs, ceil(rest / SMs) on the
-// busiest one; ties go to three warpgroups. Measured on the H200 (bf16, the kernels alone,
-// bench/tune/tune_fwd.cu sm90img / sm90img3; kernel_ab_waves.txt in
-// bench/results/h200-2026-12-02-eb645f6 and h200-2026-12-02-219a898), three warpgroups against
-// two, it picks the faster kernel at 17 of the 19 shapes measured from 12800 to 100000 tokens:
-// three warpgroups at 1.33-1.36x at 1,1,20000-24999, 1.14x at 1,2,20000, 1.10x at 2,4,15625,
-// 1.11x at 1,2,62500, 1.04x at 1,1,100000 (a tie); two at 1.07x at 1,1,12800-16000 (100-125
-// CTAs, one per SM, leave each SM 128 rows against 192), 1.09x at 1,4,20000, 1.45x at
-// 1,2,12800. The two misses are within 1%: 2,4,12800 (even) and 4,4,12800 (three warpgroups
-// 1.01x). The rule used to apply from 25000 tokens on only and to count whole waves of two
-// CTAs per SM, which mispredicts where the two-warpgroup CTAs leave SMs with one: it missed 6
-// of the 19, forgoing 1.10-1.36x.
+// What decides is mostly how the CTAs fall on the SMs: the kernel whose busiest SM has fewer
+// rows to work through, counting full waves (132 or 264 CTAs) and then the rest spread over
+// the SMs, ceil(rest / SMs) on the busiest one; the three-warpgroup rows count 0.93 of the
+// others', since an SM gets through them about 7% faster (on long rows, kernels alone: 1.06x
+// at 1,1,100000, where both leave 768 rows, 1.04x at 2,2,31250, 1.06x at 1,4,40000 against
+// their counts). Measured on the H200 (bf16, the kernels alone, bench/tune/tune_fwd.cu
+// sm90img / sm90img3; bench/results/h200-2026-12-02-cd6e976/kernel_ab_waves.txt), three
+// warpgroups against two, it picks the faster kernel at 16 of 19 shapes from 12800 to 100000
+// tokens: three at 1.25-1.34x at 1,1,20000-24999, 1.22x at 1,2,20000, 1.07x at 2,4,15625,
+// 1.12x at 1,2,62500, 1.05x at 2,4,12800 and 4,4,12800; two at 1.42-1.51x at 1,2,12800-15625,
+// 1.04-1.13x at 1,{4,8},15625-20000 and 2,2,16000. It misses by 2-3% at 1,1,12800-16000
+// (two warpgroups' 100-125 CTAs, one per SM, leave each SM 128 rows against 192, yet run no
+// faster) and by 0.1% at 4,2,20000. (Counting whole waves of two CTAs per SM, from 25000
+// tokens on only, as before, missed 1.07-1.34x at 15625-24999 tokens.)
 int kv_image_kernel(const FwdParams& p) {
   const int forced = kv_tile_images_choice().warpgroups;
   if (forced == 2 || forced == 3) return forced == 3 ? kKVTileImages3 : kKVTileImages;
@@ -109,7 +109,7 @@ int kv_image_kernel(const FwdParams& p) {
     const int64_t rest = ctas - full_waves * per_sm * sms;
     return (full_waves * per_sm + (rest + sms - 1) / sms) * rows;
   };
-  return rows_per_sm(192, 1) <= rows_per_sm(128, 2) ? kKVTileImages3 : kKVTileImages;
+  return rows_per_sm(192, 1) * 93 <= rows_per_sm(128, 2) * 100 ? kKVTileImages3 : kKVTileImages;
 }
 
 Launcher select(const FwdParams& p) {
