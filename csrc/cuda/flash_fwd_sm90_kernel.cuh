@@ -20,9 +20,9 @@
 // below), which is where the dispatch uses it.
 // "cft3" (kKVVecBytes == kKVTileImages3) is the CTA shape of FlashAttention-4's Hopper forward
 // for head dims up to 64: three warpgroups (192 rows, one CTA per SM, up to 168 registers) on
-// steps of two tiles (128 keys; S is then 64 registers). Per SM and key it runs within 2% of
-// "cft" on long rows and slower on shorter ones; what it changes is the last wave, and the
-// dispatch picks the one that leaves each SM fewer rows (kv_image_kernel: 1.07-1.08x at
+// steps of two tiles (128 keys; S is then 64 registers). Per SM and key it runs about 6%
+// faster than "cft" on long rows (within 2% before both pinned their row sums); what also
+// changes is the last wave, and the dispatch weighs both (kv_image_kernel: 1.11-1.12x at
 // 2,2,31250 and 1,2,62500). A step's second tile may be missing at the end of a row: the
 // prologue zeroes the stages, so that its keys (masked, P = 0) multiply zeros or an earlier
 // tile's V (which, were it not finite, had made the output so already).
@@ -107,10 +107,11 @@
 // + 64 MUFU (ptxas spaces consecutive MUFUs 8 cycles apart), 680 for the rest (the wait for
 // P V, packing P, the redo vote, the row sums). The three warpgroups run a third to a half of
 // a step apart without being told to (starting them 800 cycles apart changed nothing), and at
-// least one warp of each sub-partition is issuing exponentials 98% of the time. The redo decision from each lane's row sums of the
-// tile (> 2^8) instead of the packed maxima was 0-5% slower (ptxas placed the step's
-// addressing worse). ex2.approx.f16x2 / .bf16x2 are two MUFU ops on sm_90 (15.9 elements
-// per clock and SM, as f32), so packed exponentials gain nothing either.
+// least one warp of each sub-partition is issuing exponentials 98% of the time.
+// The redo decision from each lane's row sums of the tile (> 2^8) instead of the packed maxima
+// was 0-5% slower (ptxas placed the step's addressing worse). ex2.approx.f16x2 / .bf16x2 are
+// two MUFU ops on sm_90 (15.9 elements per clock and SM, as f32), so packed exponentials gain
+// nothing either.
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
@@ -158,9 +159,9 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   // (kSumTree), "cft3" in order. Kernels alone on the H200 (bench/tune/tune_fwd.cu,
   // bench/results/h200-2026-12-02-eb645f6: sums_tree.txt, sum_variants.txt), against the chain
   // after the vote: "cft3" 1.07x at 1,2,62500 and 2,2,31250, 1.04x at 8,4,6400 (with the tree
-  // 0.95x / 0.93x / 1.00x); "cft" 1.03x at 8,4,6400 and 4,4,12800, 1.06x at 1,2,62500 (with the
-  // chain, not measured alone). The row kernels keep the chain after the vote: pinned, 1.00-1.01x;
-  // as a tree, 0.98-0.99x.
+  // 0.95x / 0.93x / 1.00x); "cft" 1.03x at 8,4,6400 and 4,4,12800, 1.06x at 1,2,62500 (a
+  // pinned chain was not measured on it). The row kernels keep the chain after the vote:
+  // pinned, 1.00-1.01x; as a tree, 0.98-0.99x.
   static constexpr bool kEarlySums = kKVImages;
   static constexpr bool kSumTree = kKVVecBytes == kKVTileImages;
   // Tiles of 64 keys (one wgmma n64 / one 128-byte swizzle atom per row); one softmax step
