@@ -159,7 +159,7 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   // (kSumTree), "cft3" in order. Kernels alone on the H200 (bench/tune/tune_fwd.cu,
   // bench/results/h200-2026-12-02-eb645f6: sums_tree.txt, sum_variants.txt), against the chain
   // after the vote: "cft3" 1.07x at 1,2,62500 and 2,2,31250, 1.04x at 8,4,6400 (with the tree
-  // 0.95x / 0.93x / 1.00x); "cft" 1.03x at 8,4,6400 and 4,4,12800, 1.06x at 1,2,62500 (a
+  // 0.95x / 0.93x / 1.00x); "cft" 1.02x at 8,4,6400 and 4,4,12800, 1.06x at 1,2,62500 (a
   // pinned chain was not measured on it). The row kernels keep the chain after the vote:
   // pinned, 1.00-1.01x; as a tree, 0.98-0.99x.
   static constexpr bool kEarlySums = kKVImages;
