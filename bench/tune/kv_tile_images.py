@@ -10,7 +10,7 @@ copies where their thresholds say, else the views as given), and with no copies 
 and of three warpgroups (PSA_FA2_KV_TILE_IMAGES=2 / 3; "images" is the one the dispatch
 picks). Times are medians of CUDA-graph replays
 (bench/bwd_schedules.py), device time only: the copies are part of the op's time. Each shape
-runs the three ways twice, in alternating order, and reports both; the gain is the rows'
+runs the ways twice, in alternating order, and reports both; the gain is the rows'
 time over the images'.
 """
 import argparse
