@@ -2,9 +2,10 @@
 // torch: every SM runs one CTA of 1-4 warps per sub-partition, each warp a loop of independent
 // instructions, timed with clock64.
 //   nvcc -O3 -arch=sm_90a bench/tune/mufu_rates.cu -o mufu_rates && ./mufu_rates
-// Prints cycles per warp instruction on one sub-partition (SMSP): the MUFU's ex2 and the
-// roundings an FMA-pipe 2^x might use (FRND, F2I) share its 8 cycles per warp instruction on
-// sm_90 (16 lanes per SM), while the bf16 packing F2FP takes 4 and does not slow ex2 down.
+// Prints cycles per warp instruction on one sub-partition (SMSP). Measured on sm_90: the MUFU's
+// ex2 takes 8 (16 lanes per SM), and so do the roundings an FMA-pipe 2^x might use (FRND, F2I;
+// whether on the same pipe, this does not time), while the bf16 packing F2FP takes 4 and does
+// not slow ex2 down.
 #include <cuda_runtime.h>
 
 #include <cstdio>

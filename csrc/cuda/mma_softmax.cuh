@@ -20,6 +20,18 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
+// v[0] op v[1] op ... op v[kCount - 1] as a tree (depth log2(kCount)) rather than a chain; the
+// partial results are left in v.
+template <int kCount, class Op>
+__device__ __forceinline__ float reduce_tree(float (&v)[kCount], Op op) {
+#pragma unroll
+  for (int w = 1; w < kCount; w *= 2) {
+#pragma unroll
+    for (int i = 0; i + w < kCount; i += 2 * w) v[i] = op(v[i], v[i + w]);
+  }
+  return v[0];
+}
+
 // Keys at or past n get -inf before the max, so weight 0: the last tile of a sequence.
 template <int kTiles>
 __device__ __forceinline__ void mask_keys_past(float (&s)[kTiles][4], int n0, int n, int t) {
@@ -63,12 +75,7 @@ __device__ __forceinline__ void update_row_max(const float (&s)[kTiles][4], int 
   float m[kTiles];
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) m[i] = fmaxf(s[i][2 * r], s[i][2 * r + 1]);
-#pragma unroll
-  for (int w = 1; w < kTiles; w *= 2) {
-#pragma unroll
-    for (int i = 0; i + w < kTiles; i += 2 * w) m[i] = fmaxf(m[i], m[i + w]);
-  }
-  float mx = fmaxf(m[0], -INFINITY);
+  float mx = fmaxf(reduce_tree(m, [](float a, float b) { return fmaxf(a, b); }), -INFINITY);
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
   float m_new = fmaxf(row_max[r], mx * scale_log2);
@@ -91,25 +98,19 @@ __device__ __forceinline__ void update_row_max(const float (&s)[kTiles][4], int 
 template <int kTiles, bool kSumTree = false>
 __device__ __forceinline__ float exponentiate_row(float (&s)[kTiles][4], int r, float neg_m,
                                                   float scale_log2) {
-  float sum[kTiles];
+  float sum[kTiles];  // the pairs' sums for the tree; sum[0] alone for the chain
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {
     s[i][2 * r] = ex2(fmaf(s[i][2 * r], scale_log2, neg_m));
     s[i][2 * r + 1] = ex2(fmaf(s[i][2 * r + 1], scale_log2, neg_m));
+    const float pair = s[i][2 * r] + s[i][2 * r + 1];
     if constexpr (kSumTree) {
-      sum[i] = s[i][2 * r] + s[i][2 * r + 1];
+      sum[i] = pair;
     } else {
-      const float pair = s[i][2 * r] + s[i][2 * r + 1];
       sum[0] = i == 0 ? pair : sum[0] + pair;
     }
   }
-  if constexpr (kSumTree) {
-#pragma unroll
-    for (int w = 1; w < kTiles; w *= 2) {
-#pragma unroll
-      for (int i = 0; i + w < kTiles; i += 2 * w) sum[i] += sum[i + w];
-    }
-  }
+  if constexpr (kSumTree) reduce_tree(sum, [](float a, float b) { return a + b; });
   return sum[0];
 }
 
