@@ -103,6 +103,12 @@
 //     ptxas places the dP^T and dV / dK waits right after the S^T one, so the exponentials
 //     wait for every product anyway. Issuing the next scores after dV / dK instead, with them
 //     in flight across the loop's back edge, made ptxas serialize every wgmma (C7515).
+//   - each step's dQ deferred to the next step, issued right after its S^T and dP^T (the first
+//     step adding a zeroed dS^T buffer; lse and D read after it): correct, and 1.39-1.40x
+//     slower at all four shapes of bench/tune/tune_bwd.cu (2108 against 1509 us at 8,4,6400,
+//     12186 against 8700 at 1,2,62464; bench/results/h200-2026-12-02-c58f540). ptxas took 255
+//     registers with 84 bytes of spills and spread the dQ MMAs and reductions over the whole
+//     step up to its barrier, among the exponentials.
 
 namespace psa_fa2 {
 namespace fbwd_sm90 {
