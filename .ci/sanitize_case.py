@@ -44,7 +44,8 @@ for warpgroups in ("2", "3"):
         k[..., 0] = torch.linspace(0, 48 / (32 ** -0.5 * 1.4426950408889634), N, device="cuda")
         torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
 os.environ.pop("PSA_FA2_KV_TILE_IMAGES")
-# fp32 forward: the exact kernel ("highest") and the TF32 one ("high"), at a masked tail.
+# fp32: the exact forward ("highest") and the TF32 one ("high"), and the FFMA backward, at
+# masked tails (97 tokens: two key tiles, the second partial; four row steps, the last of one).
 for precision in ("highest", "high"):
     torch.set_float32_matmul_precision(precision)
     for layout_dims in ((2, 3), None):
@@ -54,7 +55,10 @@ for precision in ("highest", "high"):
             q, k, v = (t.transpose(*layout_dims) for t in (q, k, v))
         else:
             q, k, v = (t.transpose(2, 3).contiguous() for t in (q, k, v))
-        torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
+        out, lse = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
+        dout = torch.randn_like(out)
+        dq, dk_, dv_ = torch.zeros_like(q), torch.zeros_like(k), torch.empty_like(v)
+        torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, 32 ** -0.5, dq, dk_, dv_, "fast", False)
 torch.set_float32_matmul_precision("highest")
 # psa_attention's autograd on the split views (one d_qkv buffer).
 x = torch.randn(2, 2 * 128, 19, 21, device="cuda", dtype=torch.bfloat16, requires_grad=True)

@@ -557,25 +557,55 @@ def test_fp32_precision_setting_picks_the_kernel(layout):
 @pytest.mark.parametrize("dk,dv", FP32_HEAD_DIMS, ids=[f"{a}x{b}" for a, b in FP32_HEAD_DIMS])
 @layouts
 def test_backward_fast_fp32_exact(N, dk, dv, layout):
-    """fp32 backward at "highest" (blockwise on fp32 matmuls): within 1e-5 of float64."""
+    """fp32 backward at "highest" (the FFMA kernel at (32, 64), blockwise on fp32 matmuls
+    elsewhere): within 1e-5 of float64."""
     assert torch.get_float32_matmul_precision() == "highest"
     check_backward("cuda", "fast", N, dk, dv, torch.float32, layout)
 
 
+@pytest.mark.parametrize("N", [97, 1025])
 @layouts
-def test_fp32_backward_follows_the_precision_setting(layout):
-    """"high" lets the fp32 backward's matmuls use TF32: the gradients move off the exact
-    ones by TF32 rounding (more than the exact path's 1e-5), and no further (1e-2)."""
-    q, k, v = make_qkv(2, 4, 400, 32, 64, torch.float32, "cuda", layout)[1:]
-    grads = fast_backward((q, k, v), False)
+def test_backward_fast_fp32_deterministic(N, layout):
+    """deterministic=True keeps the fp32 backward off the FFMA kernel's dQ atomics (blockwise
+    instead), within 1e-5 of float64 too."""
+    check_backward("cuda", "fast", N, 32, 64, torch.float32, layout, deterministic=True)
+
+
+@layouts
+def test_fp32_backward_kernels(layout):
+    """(32, 64) runs the FFMA kernel, deterministic mode and the other head dims the blockwise
+    path (cuBLAS); both run bit-identically from call to call where they must."""
+    qkv = make_qkv(2, 4, 400, 32, 64, torch.float32, "cuda", layout)[1:]
+    names = " ".join(sorted(cuda_kernels_run(fast_backward(qkv, False))))
+    assert "flash_bwd_f32_kernel" in names
+    deterministic = fast_backward(qkv, True)
+    assert "flash_bwd_f32_kernel" not in " ".join(cuda_kernels_run(deterministic))
+    first = deterministic()
+    for a, b in zip(first, deterministic()):
+        assert torch.equal(a, b)
+    other = make_qkv(2, 4, 400, 64, 64, torch.float32, "cuda", layout)[1:]
+    assert "flash_bwd_f32_kernel" not in " ".join(cuda_kernels_run(fast_backward(other, False)))
+
+
+@pytest.mark.parametrize("dk,dv", [(32, 64), (64, 64)], ids=["32x64", "64x64"])
+@layouts
+def test_fp32_backward_follows_the_precision_setting(dk, dv, layout):
+    """"high" lets the blockwise fp32 backward's matmuls use TF32: its gradients move off the
+    exact ones by TF32 rounding (more than the exact path's 1e-5), and no further (1e-2). The
+    FFMA kernel of (32, 64) is exact under either setting."""
+    q, k, v = make_qkv(2, 4, 400, dk, dv, torch.float32, "cuda", layout)[1:]
+    grads = fast_backward((q, k, v), False, dk ** -0.5)
     exact = grads()
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")
     try:
-        tf32 = grads()
+        high = grads()
     finally:
         torch.set_float32_matmul_precision(previous)
-    (rq, rk, rv), _ = grads_reference(q, k, v, 32 ** -0.5, grads.dout)
-    for name, e, t, r in zip(("dq", "dk", "dv"), exact, tf32, (rq, rk, rv)):
+    (rq, rk, rv), _ = grads_reference(q, k, v, dk ** -0.5, grads.dout)
+    for name, e, t, r in zip(("dq", "dk", "dv"), exact, high, (rq, rk, rv)):
         assert rel_err(e, r) <= 1e-5, name
-        assert 1e-5 < rel_err(t, r) <= 1e-2, name
+        if (dk, dv) == (32, 64):
+            assert rel_err(t, r) <= 1e-5, name
+        else:
+            assert 1e-5 < rel_err(t, r) <= 1e-2, name

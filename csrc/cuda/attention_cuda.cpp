@@ -21,7 +21,8 @@ namespace psa_fa2 {
 
 std::vector<std::string> compiled_cuda_kernels() {
   std::vector<std::string> kernels = {"reference_fwd", "reference_bwd", "flash_fwd",
-                                      "flash_fwd_f32", "flash_bwd",    "blockwise_bwd_f32"};
+                                      "flash_fwd_f32", "flash_bwd",    "flash_bwd_f32",
+                                      "blockwise_bwd_f32"};
 #if defined(PSA_FA2_WITH_SM90A)
   kernels.push_back("flash_fwd_sm90");  // wgmma, runs on compute capability 9.0 devices
   kernels.push_back("flash_bwd_sm90");  // wgmma schedule (a)
@@ -108,20 +109,27 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
     if (!accumulate) zero_qk_grads(dq, dk);
     return;
   }
-  // fp32 has no tensor-core backward kernel: its fast path is blockwise on at::matmul, which
-  // follows PyTorch's fp32 matmul rule (TF32 unless "highest") by construction.
-  if (q.scalar_type() == at::kFloat && impl != Impl::kReference) {
-    if (!accumulate) zero_qk_grads(dq, dk);
-    blockwise_bwd(dout, q, k, v, out, lse, scale, dq, dk, dv, kBlockwiseElemsCuda);
-    return;
-  }
   at::Tensor delta = at::empty_like(lse);
   BwdParams p = make_bwd_params(s, dout, q, k, v, out, lse, delta, dq, dk, dv, scale);
   p.allow_tf32 = fp32_matmul_allows_tf32();
   p.deterministic = deterministic || at::globalContext().deterministicAlgorithms();
   p.accumulate = accumulate;
-
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  // fp32: the FFMA kernel (exact arithmetic under either matmul precision, and faster than the
+  // blockwise path under both) where it is instantiated, unless the results must be
+  // bit-reproducible (its dQ atomics are not); else blockwise on at::matmul, which follows
+  // PyTorch's fp32 matmul rule (TF32 unless "highest") and is deterministic.
+  if (q.scalar_type() == at::kFloat && impl != Impl::kReference) {
+    if (!accumulate) zero_qk_grads(dq, dk);
+    if (!p.deterministic && flash_bwd_f32_supported(p)) {
+      flash_bwd_f32(p, stream);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    } else {
+      blockwise_bwd(dout, q, k, v, out, lse, scale, dq, dk, dv, kBlockwiseElemsCuda);
+    }
+    return;
+  }
   const bool fast = use_fast(impl, flash_bwd_supported(p), s, q.scalar_type(), "backward");
   if (fast) {
     at::Tensor workspace =

@@ -51,6 +51,12 @@ void copy_rows(const RowCopy& copy, cudaStream_t stream);
 bool flash_fwd_f32_supported(const FwdParams& params);
 void flash_fwd_f32(const FwdParams& params, cudaStream_t stream);
 
+// Fast float32 backward (FlashAttention-2 schedule (a) on FFMA, exact fp32 arithmetic, dQ by
+// atomics: not bit-reproducible); it reads params.delta as [B, H, N] float scratch, which it
+// fills itself, and expects dq and dk zeroed unless accumulating.
+bool flash_bwd_f32_supported(const BwdParams& params);
+void flash_bwd_f32(const BwdParams& params, cudaStream_t stream);
+
 // Fast tensor-core backward. flash_bwd_workspace_bytes tells how much scratch
 // (params.workspace) flash_bwd needs; the caller allocates it uninitialised.
 bool flash_bwd_supported(const BwdParams& params);
