@@ -563,6 +563,14 @@ def test_backward_fast_fp32_exact(N, dk, dv, layout):
     check_backward("cuda", "fast", N, dk, dv, torch.float32, layout)
 
 
+@pytest.mark.parametrize("heads", [(8, 4), (1, 1)], ids=["tile_per_cta", "tiles_shared"])
+@layouts
+def test_backward_fast_fp32_grid(heads, layout):
+    """The FFMA backward with a CTA per key tile (544 tiles, more than the SMs) and with each
+    tile's query rows shared out among several CTAs (17 tiles), at a partial last tile."""
+    check_backward("cuda", "fast", 1025, 32, 64, torch.float32, layout, heads=heads)
+
+
 @pytest.mark.parametrize("N", [97, 1025])
 @layouts
 def test_backward_fast_fp32_deterministic(N, layout):

@@ -35,6 +35,12 @@ namespace {
 // PyTorch's matmul rule for fp32: TF32 tensor cores unless the precision is "highest".
 bool fp32_matmul_allows_tf32() { return at::globalContext().allowTF32CuBLAS(); }
 
+// Under TF32, forward + backward with the fp32 backward's FFMA kernel ran 0.83-0.90x as fast as
+// with the blockwise path's TF32 matmuls at 16,4,400, 16,2,400 and 64,4,400, and 1.05-1.12x at
+// 16,4,1600, 8,4,6400 and 1,2,62500 (H200; bench/results/h200-2026-12-02-3b01cf6 against
+// ../h200-2026-12-02-bfa1805). Between 400 and 1600 tokens it was not timed.
+constexpr int kFp32BackwardFfmaMinTokensTf32 = 1600;
+
 std::string describe_config(const AttnShape& s, at::ScalarType dtype) {
   return std::string(c10::toString(dtype)) + ", dk = " + std::to_string(s.head_dim_qk) +
          ", dv = " + std::to_string(s.head_dim_v) + ", " + layout_name(s.layout);
@@ -116,14 +122,19 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
   p.accumulate = accumulate;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
-  // fp32: the FFMA kernel (exact arithmetic under either matmul precision, and faster than the
-  // blockwise path under both) where it is instantiated, unless the results must be
-  // bit-reproducible (its dQ atomics are not); else blockwise on at::matmul, which follows
-  // PyTorch's fp32 matmul rule (TF32 unless "highest") and is deterministic.
+  // fp32: the FFMA kernel where it is instantiated (exact arithmetic; under TF32 from
+  // kFp32BackwardFfmaMinTokensTf32 tokens on, where it measured faster than TF32 matmuls),
+  // unless the results must be bit-reproducible (its atomics are not); else blockwise on
+  // at::matmul, which follows PyTorch's fp32 matmul rule (TF32 unless "highest") and is
+  // deterministic.
   if (q.scalar_type() == at::kFloat && impl != Impl::kReference) {
     if (!accumulate) zero_qk_grads(dq, dk);
-    if (!p.deterministic && flash_bwd_f32_supported(p)) {
-      flash_bwd_f32(p, stream);
+    const bool ffma = !p.deterministic && flash_bwd_f32_supported(p) &&
+                      (!p.allow_tf32 || s.seqlen >= kFp32BackwardFfmaMinTokensTf32);
+    if (ffma) {
+      const int pieces = flash_bwd_f32_row_pieces(p);
+      if (pieces > 1) dv.zero_();
+      flash_bwd_f32(p, pieces, stream);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     } else {
       blockwise_bwd(dout, q, k, v, out, lse, scale, dq, dk, dv, kBlockwiseElemsCuda);

@@ -2,5 +2,5 @@
 #include "flash_bwd_f32_kernel.cuh"
 
 namespace psa_fa2 {
-template void launch_flash_bwd_f32<32, 64, Layout::kChannelFirst>(const BwdParams&, cudaStream_t);
+template void launch_flash_bwd_f32<32, 64, Layout::kChannelFirst>(const BwdParams&, int, cudaStream_t);
 }  // namespace psa_fa2

@@ -9,11 +9,11 @@
 namespace psa_fa2 {
 
 template <int kDk, int kDv, Layout kLayout>
-void launch_flash_bwd_f32(const BwdParams& params, cudaStream_t stream);
+void launch_flash_bwd_f32(const BwdParams& params, int pieces, cudaStream_t stream);
 
-extern template void launch_flash_bwd_f32<32, 64, Layout::kChannelFirst>(const BwdParams&,
+extern template void launch_flash_bwd_f32<32, 64, Layout::kChannelFirst>(const BwdParams&, int,
                                                                           cudaStream_t);
-extern template void launch_flash_bwd_f32<32, 64, Layout::kTokenMajor>(const BwdParams&,
+extern template void launch_flash_bwd_f32<32, 64, Layout::kTokenMajor>(const BwdParams&, int,
                                                                         cudaStream_t);
 
 }  // namespace psa_fa2

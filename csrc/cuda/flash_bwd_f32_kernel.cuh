@@ -135,8 +135,11 @@ __device__ __forceinline__ void copy_tile(float* s, const HeadView& g, int tok0,
   }
 }
 
+// pieces > 1: the CTAs blockIdx.x = tile * pieces + piece share key tile `tile`, each streaming
+// a run of the query rows, and add their dK / dV to dk / dv with atomics (dv zeroed by the
+// caller); for grids of fewer CTAs than SMs.
 template <int kDk, int kDv, Layout kLayout>
-__global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdParams p) {
+__global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdParams p, int pieces) {
   using L = SmemPlan<kDk, kDv>;
   constexpr bool kCF = kLayout == Layout::kChannelFirst;  // tokens have unit stride
   constexpr int kDvGroups = kDv / 32;
@@ -160,7 +163,10 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdPar
   const int tx = lane / 4, ty = lane % 4;
   const int n = p.seqlen;
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
-  const int key0 = blockIdx.x * kBlockN;
+  const int key0 = (blockIdx.x / pieces) * kBlockN;
+  const int piece = blockIdx.x % pieces;
+  const int all_steps = (n + kBlockM - 1) / kBlockM;
+  const int step_begin = piece * all_steps / pieces, step_end = (piece + 1) * all_steps / pieces;
   const HeadView q = head_view(p.q, b, h), k = head_view(p.k, b, h), v = head_view(p.v, b, h);
   const HeadView dout = head_view(p.dout, b, h);
   const float* const lse = static_cast<const float*>(p.lse) + int64_t(bh) * n;
@@ -190,8 +196,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdPar
   copy_tile<typename L::Ks, kDk, kBlockN, true, kCF>(sKs, k, key0, n, tid);
   copy_tile<typename L::Kt, kBlockN, kDk, false, !kCF>(sKt, k, key0, n, tid);
   copy_tile<typename L::Vs, kDv, kBlockN, true, kCF>(sVs, v, key0, n, tid);
-  copy_score_inputs(0);
-  copy_grad_inputs(0);
+  copy_score_inputs(step_begin * kBlockM);
+  copy_grad_inputs(step_begin * kBlockM);
   cp_async_commit();
 
   const float scale = static_cast<float>(p.scale);
@@ -202,8 +208,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdPar
 
   float dv_acc[4][4 * kDvGroups] = {};  // [key][channel g * 4 + j: g * 32 + c0 + j]
   float dk_acc[4][4] = {};              // [key][channel c0 + j]
-  const int n_steps = (n + kBlockM - 1) / kBlockM;
-  for (int step = 0; step < n_steps; ++step) {
+  for (int step = step_begin; step < step_end; ++step) {
     const int str0 = step * kBlockM;
     cp_async_wait_all();
     __syncthreads();  // this step's rows landed
@@ -254,7 +259,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdPar
              make_float4(dp[a][0], dp[a][1], dp[a][2], dp[a][3]));
     }
     __syncthreads();  // P, dS stored; every thread is past S^T and dP^T (and lse, D)
-    if (step + 1 < n_steps) copy_score_inputs(str0 + kBlockM);
+    if (step + 1 < step_end) copy_score_inputs(str0 + kBlockM);
     cp_async_commit();
 
     // dV += P^T dO, dK += dS^T Q over the step's rows.
@@ -306,12 +311,13 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdPar
       }
     }
     __syncthreads();  // every thread is past dV, dK and dQ: Q / dO [row][...], P and dS are free
-    if (step + 1 < n_steps) copy_grad_inputs(str0 + kBlockM);
+    if (step + 1 < step_end) copy_grad_inputs(str0 + kBlockM);
     cp_async_commit();
   }
   cp_async_wait_all();  // the last (empty) groups
 
-  // dK += scale dS^T Q (dk was zeroed by the caller unless accumulating), dV = P^T dO.
+  // dK += scale dS^T Q (dk was zeroed by the caller unless accumulating), dV = P^T dO; shared
+  // tiles add both.
   float* const dk_head = static_cast<float*>(p.dk.ptr) + b * p.dk.stride_b + h * p.dk.stride_h;
   float* const dv_head = static_cast<float*>(p.dv.ptr) + b * p.dv.stride_b + h * p.dv.stride_h;
 #pragma unroll
@@ -321,13 +327,22 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdPar
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       float* const dst = dk_head + key * p.dk.stride_n + (c0 + j) * p.dk.stride_d;
-      *dst += scale * dk_acc[a][j];
+      if (pieces > 1) {
+        atomicAdd(dst, scale * dk_acc[a][j]);
+      } else {
+        *dst += scale * dk_acc[a][j];
+      }
     }
 #pragma unroll
     for (int g = 0; g < kDvGroups; ++g) {
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        dv_head[key * p.dv.stride_n + (g * 32 + c0 + j) * p.dv.stride_d] = dv_acc[a][g * 4 + j];
+        float* const dst = dv_head + key * p.dv.stride_n + (g * 32 + c0 + j) * p.dv.stride_d;
+        if (pieces > 1) {
+          atomicAdd(dst, dv_acc[a][g * 4 + j]);
+        } else {
+          *dst = dv_acc[a][g * 4 + j];
+        }
       }
     }
   }
@@ -351,10 +366,10 @@ __global__ void __launch_bounds__(128) bwd_f32_delta_kernel(const BwdParams p) {
 }  // namespace flash_bwd_f32_detail
 
 // Explicitly instantiated in flash_bwd_f32_*.cu, declared in flash_bwd_f32_instances.h. The
-// caller has checked the shapes and dtype, zeroed dq and dk unless accumulating, and passes
-// p.delta as [B, H, N] float scratch.
+// caller has checked the shapes and dtype, zeroed dq and dk unless accumulating (and dv where
+// pieces > 1), and passes p.delta as [B, H, N] float scratch.
 template <int kDk, int kDv, Layout kLayout>
-void launch_flash_bwd_f32(const BwdParams& p, cudaStream_t stream) {
+void launch_flash_bwd_f32(const BwdParams& p, int pieces, cudaStream_t stream) {
   using namespace flash_bwd_f32_detail;
   const int bh = p.batch * p.heads;
   if (bh == 0 || p.seqlen == 0) return;
@@ -362,7 +377,9 @@ void launch_flash_bwd_f32(const BwdParams& p, cudaStream_t stream) {
   constexpr auto kernel = flash_bwd_f32_kernel<kDk, kDv, kLayout>;
   constexpr int smem = SmemPlan<kDk, kDv>::kSmemBytes;
   allow_dynamic_smem_once<kernel>(smem);
-  kernel<<<row_tile_grid(p.seqlen, kBlockN, bh), kThreads, smem, stream>>>(p);
+  dim3 grid = row_tile_grid(p.seqlen, kBlockN, bh);
+  grid.x *= pieces;
+  kernel<<<grid, kThreads, smem, stream>>>(p, pieces);
 }
 
 }  // namespace psa_fa2

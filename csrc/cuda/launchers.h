@@ -52,10 +52,12 @@ bool flash_fwd_f32_supported(const FwdParams& params);
 void flash_fwd_f32(const FwdParams& params, cudaStream_t stream);
 
 // Fast float32 backward (FlashAttention-2 schedule (a) on FFMA, exact fp32 arithmetic, dQ by
-// atomics: not bit-reproducible); it reads params.delta as [B, H, N] float scratch, which it
-// fills itself, and expects dq and dk zeroed unless accumulating.
+// atomics: not bit-reproducible); it fills params.delta ([B, H, N] float scratch) itself, and
+// expects dq and dk zeroed unless accumulating, and dv zeroed where
+// flash_bwd_f32_row_pieces(params) > 1 (CTAs sharing a key tile add their dK / dV).
 bool flash_bwd_f32_supported(const BwdParams& params);
-void flash_bwd_f32(const BwdParams& params, cudaStream_t stream);
+int flash_bwd_f32_row_pieces(const BwdParams& params);
+void flash_bwd_f32(const BwdParams& params, int pieces, cudaStream_t stream);
 
 // Fast tensor-core backward. flash_bwd_workspace_bytes tells how much scratch
 // (params.workspace) flash_bwd needs; the caller allocates it uninitialised.
