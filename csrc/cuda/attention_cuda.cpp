@@ -132,10 +132,20 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
     const bool ffma = !p.deterministic && flash_bwd_f32_supported(p) &&
                       (!p.allow_tf32 || s.seqlen >= kFp32BackwardFfmaMinTokensTf32);
     if (ffma) {
+      // Added to in place, dq would take one rounded fp32 addition per key tile at the size of
+      // what it holds (and dk one per CTA, where CTAs share key tiles): accumulating, their
+      // gradients are summed from zero instead and added once.
       const int pieces = flash_bwd_f32_row_pieces(p);
+      const at::Tensor dq_sum = accumulate ? at::zeros_like(dq) : dq;
+      const at::Tensor dk_sum = accumulate && pieces > 1 ? at::zeros_like(dk) : dk;
       if (pieces > 1) dv.zero_();
-      flash_bwd_f32(p, pieces, stream);
+      BwdParams sums = p;
+      sums.dq = strided(dq_sum);
+      sums.dk = strided(dk_sum);
+      flash_bwd_f32(sums, pieces, stream);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
+      if (accumulate) dq.add_(dq_sum);
+      if (accumulate && pieces > 1) dk.add_(dk_sum);
     } else {
       blockwise_bwd(dout, q, k, v, out, lse, scale, dq, dk, dv, kBlockwiseElemsCuda);
     }

@@ -1,7 +1,8 @@
 // FlashAttention-2 backward for float32 inputs, exact fp32 arithmetic (FFMA), schedule (a) of
 // flash_bwd_kernel.cuh: each CTA owns kBlockN = 64 keys of one (batch, head), keeps their dK
 // and dV in registers and streams the query rows in steps of kBlockM = 32; dQ is added to the
-// fp32 dq tensor itself with atomics (it is the output: no workspace, no conversion pass).
+// fp32 dq with atomics (no conversion pass; attention_cuda.cpp passes a zeroed dq of its own
+// where the op accumulates, and adds it once).
 //
 // Per step, with P^T = exp2(S^T scale log2 e - lse log2 e) and dS^T = P^T o (dP^T - D):
 //   S^T  = K Q^T, dP^T = V dO^T      [64 keys][32 rows]: 4 keys x 4 rows per thread
