@@ -263,7 +263,10 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdPar
     if (step + 1 < step_end) copy_score_inputs(str0 + kBlockM);
     cp_async_commit();
 
-    // dV += P^T dO, dK += dS^T Q over the step's rows.
+    // dV += P^T dO, dK += dS^T Q over the step's rows, summed apart and then added: one
+    // fp32 chain over every row of a long sequence (62 500 at 1,2,62500) loses about
+    // sqrt(rows) ulps, and gave dK 1.1e-5 of its size there (bench/results/h200-2026-12-02-9bf674f).
+    float dv_step[4][4 * kDvGroups] = {}, dk_step[4][4] = {};
 #pragma unroll 4
     for (int r = 0; r < kBlockM; ++r) {
       const float4 pa = lds128(sP + r * L::Ps::kStride + i0);
@@ -276,14 +279,21 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdPar
 #pragma unroll
         for (int a = 0; a < 4; ++a)
 #pragma unroll
-          for (int j = 0; j < 4; ++j) dv_acc[a][g * 4 + j] = fmaf(pv[a], ov[j], dv_acc[a][g * 4 + j]);
+          for (int j = 0; j < 4; ++j) dv_step[a][g * 4 + j] = fmaf(pv[a], ov[j], dv_step[a][g * 4 + j]);
       }
       const float4 qb = lds128(sQt + r * L::Qt::kStride + c0);
       const float qv[4] = {qb.x, qb.y, qb.z, qb.w};
 #pragma unroll
       for (int a = 0; a < 4; ++a)
 #pragma unroll
-        for (int j = 0; j < 4; ++j) dk_acc[a][j] = fmaf(dsv[a], qv[j], dk_acc[a][j]);
+        for (int j = 0; j < 4; ++j) dk_step[a][j] = fmaf(dsv[a], qv[j], dk_step[a][j]);
+    }
+#pragma unroll
+    for (int a = 0; a < 4; ++a) {
+#pragma unroll
+      for (int j = 0; j < 4 * kDvGroups; ++j) dv_acc[a][j] += dv_step[a][j];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) dk_acc[a][j] += dk_step[a][j];
     }
     // dQ of rows rq0, rq0 + 1 over the CTA's keys, added to dq.
     {
