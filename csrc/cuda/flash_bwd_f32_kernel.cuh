@@ -17,13 +17,20 @@
 // Rows are padded by 4 floats (16-byte aligned; the transposing copies' writes, a warp taking
 // 8 rows x 4 columns, fall in 32 distinct banks).
 //
-// The copies are 4-byte cp.async whatever the layout (a step's copies are about 1% of its
-// instructions). Q / dO in the orientation of S^T and dP^T, and lse and D, are requested for the
-// next step as soon as this step's S^T and dP^T are done, behind dV, dK and dQ; the others
-// after the step's last barrier. 89 KB of shared memory: two CTAs per SM on sm_90 and sm_80,
-// one on sm_86 / sm_89 (99 KB).
+// The copies are 4-byte cp.async whatever the layout (48 per thread and step, against 3584
+// FFMA). Q / dO in the orientation of S^T and dP^T, and lse and D, are requested for the next
+// step as soon as this step's S^T and dP^T are done, behind dV, dK and dQ; the others after the
+// step's last barrier. 89 KB of shared memory: two CTAs per SM on sm_90 (227 KB), one on sm_80
+// (164 KB) and sm_86 / sm_89 (99 KB).
 //
-// Only CUDA headers and attention_params.h are included.
+// On the H200 (bench/results/h200-2026-12-02-9bf674f), forward + backward in exact fp32 with
+// this kernel ran 1.09-1.13x memory-efficient SDPA at 400 tokens (1.8x at 1,4,400, whose key
+// tiles are shared out) and 0.95-0.97x from 1600 tokens on. The backward alone (forward +
+// backward less forward) comes to about 21 TFLOP/s at 8,4,6400, counting 448 flops per score:
+// a third of the FFMA peak. Not tuned further: larger CTAs or micro-tiles, vector dQ
+// reductions and a deeper copy pipeline were not tried.
+//
+// Only CUDA headers and the project's kernel headers are included.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,6 +38,7 @@
 #include <cstdint>
 
 #include "attention_params.h"
+#include "flash_fwd_f32_kernel.cuh"
 #include "launch_util.h"
 
 namespace psa_fa2 {
@@ -79,25 +87,15 @@ struct SmemPlan {
                 "16-byte aligned tiles");
 };
 
-__device__ __forceinline__ float4 lds128(const float* p) { return *reinterpret_cast<const float4*>(p); }
-__device__ __forceinline__ float2 lds64(const float* p) { return *reinterpret_cast<const float2*>(p); }
-__device__ __forceinline__ void sts128(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
-
-__device__ __forceinline__ void cp_async4(float* dst, const float* src, int src_bytes) {
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(d), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
-
-// 2^x: MUFU.EX2 with subnormal results flushed, as the fp32 forward computes P (every argument
-// is at most about 0 here, and a flushed P is below 2^-126 of its row's largest).
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+// The fp32 forward's shared-memory accessors, cp.async and exp2 (MUFU.EX2, subnormal results
+// flushed: every argument here is at most about 0).
+using flash_fwd_f32_detail::cp_async;
+using flash_fwd_f32_detail::cp_async_commit;
+using flash_fwd_f32_detail::cp_async_wait_all;
+using flash_fwd_f32_detail::fast_exp2;
+using flash_fwd_f32_detail::lds128;
+using flash_fwd_f32_detail::lds64;
+using flash_fwd_f32_detail::sts128;
 
 // One head's tensor: token n, channel c at ptr + n * sn + c * sd.
 struct HeadView {
@@ -117,6 +115,8 @@ template <class T, int kRows, int kCols, bool kTokensAlongCols, bool kUnitCols>
 __device__ __forceinline__ void copy_tile(float* s, const HeadView& g, int tok0, int n, int tid) {
   constexpr int kPerThread = kRows * kCols / kThreads;
   static_assert(kRows * kCols % kThreads == 0 && kRows % 8 == 0 && kCols % 4 == 0, "tile shape");
+  // Not unrolled: unrolled, ptxas kept every copy's address live across the main loop (255
+  // registers and spills, against 161 without).
 #pragma unroll 1
   for (int it = 0; it < kPerThread; ++it) {
     const int e = it * kThreads + tid;
@@ -132,7 +132,7 @@ __device__ __forceinline__ void copy_tile(float* s, const HeadView& g, int tok0,
     const int tok = tok0 + (kTokensAlongCols ? c : r);
     const int ch = kTokensAlongCols ? r : c;
     const bool ok = tok < n;
-    cp_async4(s + r * T::kStride + c, ok ? g.ptr + tok * g.sn + ch * g.sd : g.ptr, ok ? 4 : 0);
+    cp_async<4>(s + r * T::kStride + c, ok ? g.ptr + tok * g.sn + ch * g.sd : g.ptr, ok ? 4 : 0);
   }
 }
 
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdPar
     if (tid < 2 * kBlockM) {
       const int r = tid % kBlockM, tok = str0 + r;
       const float* src = tid < kBlockM ? lse : delta;
-      cp_async4(sLse + tid, tok < n ? src + tok : src, tok < n ? 4 : 0);
+      cp_async<4>(sLse + tid, tok < n ? src + tok : src, tok < n ? 4 : 0);
     }
   };
   auto copy_grad_inputs = [&](int str0) {  // Q [row][d], dO [row][c]
