@@ -97,6 +97,16 @@ using flash_fwd_f32_detail::lds128;
 using flash_fwd_f32_detail::lds64;
 using flash_fwd_f32_detail::sts128;
 
+// acc[a][col0 + j] += x[a] y[j], a, j < 4: one float4 row of each operand.
+template <int kCols>
+__device__ __forceinline__ void outer_add(float (&acc)[4][kCols], int col0, float4 x, float4 y) {
+  const float xv[4] = {x.x, x.y, x.z, x.w}, yv[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+  for (int a = 0; a < 4; ++a)
+#pragma unroll
+    for (int j = 0; j < 4; ++j) acc[a][col0 + j] = fmaf(xv[a], yv[j], acc[a][col0 + j]);
+}
+
 // One head's tensor: token n, channel c at ptr + n * sn + c * sd.
 struct HeadView {
   const float* ptr;
@@ -217,23 +227,11 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdPar
     float s[4][4] = {}, dp[4][4] = {};  // [key a][row bb]
 #pragma unroll 8
     for (int d = 0; d < kDk; ++d) {
-      const float4 ka = lds128(sKs + d * L::Ks::kStride + i0);
-      const float4 qb = lds128(sQs + d * L::Qs::kStride + r0);
-      const float kv[4] = {ka.x, ka.y, ka.z, ka.w}, qv[4] = {qb.x, qb.y, qb.z, qb.w};
-#pragma unroll
-      for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int bb = 0; bb < 4; ++bb) s[a][bb] = fmaf(kv[a], qv[bb], s[a][bb]);
+      outer_add(s, 0, lds128(sKs + d * L::Ks::kStride + i0), lds128(sQs + d * L::Qs::kStride + r0));
     }
 #pragma unroll 8
     for (int c = 0; c < kDv; ++c) {
-      const float4 va = lds128(sVs + c * L::Vs::kStride + i0);
-      const float4 ob = lds128(sOs + c * L::Os::kStride + r0);
-      const float vv[4] = {va.x, va.y, va.z, va.w}, ov[4] = {ob.x, ob.y, ob.z, ob.w};
-#pragma unroll
-      for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int bb = 0; bb < 4; ++bb) dp[a][bb] = fmaf(vv[a], ov[bb], dp[a][bb]);
+      outer_add(dp, 0, lds128(sVs + c * L::Vs::kStride + i0), lds128(sOs + c * L::Os::kStride + r0));
     }
     // P^T and dS^T; keys and rows past N get P = dS = 0 (their zero-filled operands give
     // S = 0, whose exponential against any lse is not 0, and may not be finite; and a NaN of a
@@ -270,23 +268,12 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdPar
 #pragma unroll 4
     for (int r = 0; r < kBlockM; ++r) {
       const float4 pa = lds128(sP + r * L::Ps::kStride + i0);
-      const float4 da = lds128(sDS + r * L::Ps::kStride + i0);
-      const float pv[4] = {pa.x, pa.y, pa.z, pa.w}, dsv[4] = {da.x, da.y, da.z, da.w};
 #pragma unroll
       for (int g = 0; g < kDvGroups; ++g) {
-        const float4 ob = lds128(sOt + r * L::Ot::kStride + g * 32 + c0);
-        const float ov[4] = {ob.x, ob.y, ob.z, ob.w};
-#pragma unroll
-        for (int a = 0; a < 4; ++a)
-#pragma unroll
-          for (int j = 0; j < 4; ++j) dv_step[a][g * 4 + j] = fmaf(pv[a], ov[j], dv_step[a][g * 4 + j]);
+        outer_add(dv_step, g * 4, pa, lds128(sOt + r * L::Ot::kStride + g * 32 + c0));
       }
-      const float4 qb = lds128(sQt + r * L::Qt::kStride + c0);
-      const float qv[4] = {qb.x, qb.y, qb.z, qb.w};
-#pragma unroll
-      for (int a = 0; a < 4; ++a)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) dk_step[a][j] = fmaf(dsv[a], qv[j], dk_step[a][j]);
+      outer_add(dk_step, 0, lds128(sDS + r * L::Ps::kStride + i0),
+                lds128(sQt + r * L::Qt::kStride + c0));
     }
 #pragma unroll
     for (int a = 0; a < 4; ++a) {
