@@ -581,8 +581,8 @@ def test_backward_fast_fp32_deterministic(N, layout):
 
 @layouts
 def test_fp32_backward_kernels(layout):
-    """(32, 64) runs the FFMA kernel, deterministic mode and the other head dims the blockwise
-    path (cuBLAS); both run bit-identically from call to call where they must."""
+    """(32, 64) runs the FFMA kernel; deterministic mode and the other head dims the blockwise
+    path (cuBLAS), deterministic mode bit-identically from call to call."""
     qkv = make_qkv(2, 4, 400, 32, 64, torch.float32, "cuda", layout)[1:]
     names = " ".join(sorted(cuda_kernels_run(fast_backward(qkv, False))))
     assert "flash_bwd_f32_kernel" in names
