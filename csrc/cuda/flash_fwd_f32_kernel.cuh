@@ -476,6 +476,8 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
 
     // ---- Online softmax, base 2 ----
     // Max on raw scores, scaled once (the dispatch requires scale >= 0); p = 2^(s * c - m).
+    // alpha: the rows' rescale of O, applied when the tile's products are added to it.
+    float alpha[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       float mx = s[i][0];
@@ -488,7 +490,7 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
       // All scores so far -inf: 0 as the reference (weights 0, not NaN); NaN scores still
       // poison the row as in eager (fmaxf skips them, exp2f(NaN) = NaN).
       const float m_ref = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = fast_exp2(row_max[i] - m_ref);  // 0 on the first tile
+      alpha[i] = fast_exp2(row_max[i] - m_ref);  // 0 on the first tile
       row_max[i] = m_new;
       const float neg_m = -m_ref;
       float sum = 0.f;
@@ -497,9 +499,7 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
         s[i][c] = fast_exp2(fmaf(s[i][c], scale_log2, neg_m));
         sum += s[i][c];
       }
-      row_sum[i] = fmaf(row_sum[i], alpha, sum);
-#pragma unroll
-      for (int c = 0; c < kTV; ++c) o[i][c] *= alpha;
+      row_sum[i] = fmaf(row_sum[i], alpha[i], sum);
     }
 
     // ---- P -> the warp's buffer, [key][row]: one float4 (4 rows) per key ----
@@ -512,9 +512,34 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
     }
     __syncwarp();
 
-    // ---- O += P V: 4 rows x kTV channels per thread ----
+    // ---- O = alpha O + P V: 4 rows x kTV channels per thread ----
+    // The tile's products are summed apart and then added (kTileSums): one fp32 chain over
+    // every key of a long row loses about sqrt(keys) ulps of O (8.6e-6 of its size at
+    // 1,2,62500, bench/results/h200-2026-12-03-0fd4498), a chain per tile and one over the
+    // tiles about sqrt(kBlockN) + sqrt(tiles). dv = 128 (64 accumulators per thread) keeps
+    // the one chain: a second set spills at the 128 registers of two CTAs per SM.
+    constexpr bool kTileSums = kTV <= 8;
     const float* sVs = sV + stage * Tr::kVFloats;
     const float* sPr = sPw + ty * 4;
+    float pv_sums[4][kTileSums ? kTV : 1];
+    auto& pv = [&]() -> float(&)[4][kTV] {
+      if constexpr (kTileSums) {
+        return pv_sums;
+      } else {
+        return o;
+      }
+    }();
+    if constexpr (kTileSums) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int c = 0; c < kTV; ++c) pv[i][c] = 0.f;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int c = 0; c < kTV; ++c) o[i][c] *= alpha[i];
+    }
 #pragma unroll kUnroll<kDv>
     for (int kk = 0; kk < kBlockN; ++kk) {
       const float4 p = lds128(sPr + kk * kPStride);
@@ -522,11 +547,17 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
       load_cols<kTV>(vb, sVs + kk * Tr::kVStride, tx);
 #pragma unroll
       for (int c = 0; c < kTV; ++c) {
-        o[0][c] = fmaf(p.x, vb[c], o[0][c]);
-        o[1][c] = fmaf(p.y, vb[c], o[1][c]);
-        o[2][c] = fmaf(p.z, vb[c], o[2][c]);
-        o[3][c] = fmaf(p.w, vb[c], o[3][c]);
+        pv[0][c] = fmaf(p.x, vb[c], pv[0][c]);
+        pv[1][c] = fmaf(p.y, vb[c], pv[1][c]);
+        pv[2][c] = fmaf(p.z, vb[c], pv[2][c]);
+        pv[3][c] = fmaf(p.w, vb[c], pv[3][c]);
       }
+    }
+    if constexpr (kTileSums) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int c = 0; c < kTV; ++c) o[i][c] = fmaf(o[i][c], alpha[i], pv[i][c]);
     }
   }
   cp_async_wait_all();  // only empty groups are left
