@@ -23,12 +23,16 @@
 // step's last barrier. 89 KB of shared memory: two CTAs per SM on sm_90 (227 KB), one on sm_80
 // (164 KB) and sm_86 / sm_89 (99 KB).
 //
-// On the H200 (bench/results/h200-2026-12-02-9bf674f), forward + backward in exact fp32 with
-// this kernel ran 1.09-1.13x memory-efficient SDPA at 400 tokens (1.8x at 1,4,400, whose key
-// tiles are shared out) and 0.95-0.97x from 1600 tokens on. The backward alone (forward +
-// backward less forward) comes to about 21 TFLOP/s at 8,4,6400, counting 448 flops per score:
-// a third of the FFMA peak. Not tuned further: larger CTAs or micro-tiles, vector dQ
-// reductions and a deeper copy pipeline were not tried.
+// On the H200 (bench/results/h200-2026-12-03-0fd4498), forward + backward in exact fp32 with
+// this kernel ran 1.33-1.39x memory-efficient SDPA at 400 tokens (2.1x at 1,4,400, whose key
+// tiles are shared out) and 1.13-1.15x from 1600 tokens on. The backward alone (forward +
+// backward less forward) comes to about 27 TFLOP/s at 8,4,6400, counting 448 flops per score:
+// 40% of the FFMA peak. At 9bf674f it was 0.95-0.97x memory-efficient SDPA from 1600 tokens on
+// (bench/results/h200-2026-12-02-9bf674f); of the changes since, the copies advancing their
+// addresses instead of recomputing them cut the most (by the SASS, about 1400 of a step's 6800
+// instructions per thread, leaving about 5300 for 3584 FFMA; not timed alone). Not tuned further:
+// larger CTAs or micro-tiles (each product loads two float4 per 16 FFMA, and two CTAs of 89 KB
+// are 8 warps per SM), vector dQ reductions and a deeper copy pipeline were not tried.
 //
 // Only CUDA headers and the project's kernel headers are included.
 #pragma once
