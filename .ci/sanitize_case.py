@@ -46,19 +46,19 @@ for warpgroups in ("2", "3"):
 os.environ.pop("PSA_FA2_KV_TILE_IMAGES")
 # fp32: the exact forward ("highest") and the TF32 one ("high"), and the FFMA backward, at
 # masked tails (97 tokens: two key tiles, the second partial; four row steps, the last of one).
-for precision in ("highest", "high"):
+# Both sizes split the exact forward's keys (2 and 7 CTAs per row tile, then the combine).
+for precision, N, layout_dims in itertools.product(("highest", "high"), (97, 1025), ((2, 3), None)):
     torch.set_float32_matmul_precision(precision)
-    for layout_dims in ((2, 3), None):
-        x = torch.randn(1, 2 * 128, 97, device="cuda")
-        q, k, v = x.view(1, 2, 128, 97).split([32, 32, 64], 2)
-        if layout_dims:
-            q, k, v = (t.transpose(*layout_dims) for t in (q, k, v))
-        else:
-            q, k, v = (t.transpose(2, 3).contiguous() for t in (q, k, v))
-        out, lse = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
-        dout = torch.randn_like(out)
-        dq, dk_, dv_ = torch.zeros_like(q), torch.zeros_like(k), torch.empty_like(v)
-        torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, 32 ** -0.5, dq, dk_, dv_, "fast", False)
+    x = torch.randn(1, 2 * 128, N, device="cuda")
+    q, k, v = x.view(1, 2, 128, N).split([32, 32, 64], 2)
+    if layout_dims:
+        q, k, v = (t.transpose(*layout_dims) for t in (q, k, v))
+    else:
+        q, k, v = (t.transpose(2, 3).contiguous() for t in (q, k, v))
+    out, lse = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
+    dout = torch.randn_like(out)
+    dq, dk_, dv_ = torch.zeros_like(q), torch.zeros_like(k), torch.empty_like(v)
+    torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, 32 ** -0.5, dq, dk_, dv_, "fast", False)
 torch.set_float32_matmul_precision("highest")
 # psa_attention's autograd on the split views (one d_qkv buffer).
 x = torch.randn(2, 2 * 128, 19, 21, device="cuda", dtype=torch.bfloat16, requires_grad=True)

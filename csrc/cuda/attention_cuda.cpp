@@ -78,6 +78,15 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   const bool fast_supported = fp32 ? flash_fwd_f32_supported(p) : flash_fwd_supported(p);
   if (use_fast(impl, fast_supported, s, q.scalar_type(), "forward")) {
     if (fp32) {
+      // Small grids share each row tile's keys among CTAs; the scratch is freed after the
+      // launches, and the allocator reuses it in stream order.
+      at::Tensor split_scratch;
+      if (const int splits = flash_fwd_f32_kv_splits(p); splits > 1) {
+        split_scratch = at::empty({int64_t(flash_fwd_f32_split_scratch_bytes(p, splits))},
+                                  q.options().dtype(at::kByte));
+        p.kv_splits = splits;
+        p.kv_split_scratch = split_scratch.data_ptr();
+      }
       flash_fwd_f32(p, stream);
     } else if (flash_fwd_wants_kv_tile_images(p)) {
       // The images are freed after the launch; the allocator reuses them in stream order.

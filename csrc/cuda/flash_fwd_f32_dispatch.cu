@@ -2,9 +2,13 @@
 // (dk, dv, layout, global access width, exact | tf32) and checks the kernel's assumptions.
 // Anything not covered returns false from flash_fwd_f32_supported, and the caller falls back to
 // reference_fwd.
+#include <algorithm>
+#include <cstdint>
+
 #include "flash_fwd_f32_instances.h"
 #include "fwd_dispatch_common.h"
 #include "launchers.h"
+#include "sm90_device.h"
 
 namespace psa_fa2 {
 
@@ -22,24 +26,49 @@ Launcher find_launcher(const FwdParams& p, int vec_bytes, bool tf32) {
   return nullptr;
 }
 
-Launcher select(const FwdParams& p) {
-  if (p.dtype != DType::kFloat32 || !fwd_dispatch::params_ok(p)) return nullptr;
+struct Selection {
+  Launcher launch;
+  bool tf32;
+};
+
+Selection select(const FwdParams& p) {
+  if (p.dtype != DType::kFloat32 || !fwd_dispatch::params_ok(p)) return {nullptr, false};
   // 16 or 4 bytes: 4 or 1 floats.
   const int vec = fwd_dispatch::common_vec_bytes(p, 4, {16, 4});
-  if (vec == 0) return nullptr;
+  if (vec == 0) return {nullptr, false};
   // TF32 where allowed and instantiated; else the exact kernel (more accurate than asked for).
   if (p.allow_tf32) {
-    if (Launcher l = find_launcher(p, vec, true)) return l;
+    if (Launcher l = find_launcher(p, vec, true)) return {l, true};
   }
-  return find_launcher(p, vec, false);
+  return {find_launcher(p, vec, false), false};
 }
 
 }  // namespace
 
-bool flash_fwd_f32_supported(const FwdParams& p) { return select(p) != nullptr; }
+bool flash_fwd_f32_supported(const FwdParams& p) { return select(p).launch != nullptr; }
+
+// The exact kernel on grids of fewer CTAs than SMs (1,4,400 is 16, with 8 warps each): as many
+// CTAs per row tile as fit the SMs once over, each taking a run of the key tiles, up to one
+// tile each and kMaxKvSplits.
+int flash_fwd_f32_kv_splits(const FwdParams& p) {
+  const Selection sel = select(p);
+  if (sel.launch == nullptr || sel.tf32) return 1;
+  const int64_t ctas =
+      int64_t(p.batch) * p.heads * ((int64_t(p.seqlen) + kF32FwdRowsPerCta - 1) / kF32FwdRowsPerCta);
+  const int64_t sms = current_device_multiprocessors();
+  // At most kF32FwdMaxKeysPerTile keys per tile: every split has a tile.
+  const int64_t key_tiles =
+      (int64_t(p.seqlen) + kF32FwdMaxKeysPerTile - 1) / kF32FwdMaxKeysPerTile;
+  if (ctas == 0 || ctas >= sms) return 1;
+  return int(std::min<int64_t>({sms / ctas, key_tiles, kMaxKvSplits}));
+}
+
+size_t flash_fwd_f32_split_scratch_bytes(const FwdParams& p, int kv_splits) {
+  return size_t(kv_splits) * p.batch * p.heads * p.seqlen * (p.head_dim_v + 1) * sizeof(float);
+}
 
 void flash_fwd_f32(const FwdParams& p, cudaStream_t stream) {
-  if (Launcher launch = select(p)) launch(p, stream);
+  if (Launcher launch = select(p).launch) launch(p, stream);
 }
 
 }  // namespace psa_fa2

@@ -11,6 +11,11 @@
 // tiles through two shared-memory stages filled with cp.async one tile ahead (one __syncthreads per
 // tile). Online softmax in base 2 (log2(e) folded into the scale), fp32 statistics, exp2f.
 //
+// Grids of fewer CTAs than SMs (the exact kernel only; 1,4,400 is 16 CTAs) split each row
+// tile's key tiles among as many CTAs as fit the SMs once over (FwdParams::kv_splits, up to
+// kMaxKvSplits): each leaves its normalized output and row sum in scratch, and
+// combine_kv_splits weights them by their row sums into out and lse.
+//
 // Shared-memory tiles are stored in one canonical orientation whatever the global layout, every row
 // padded by kPad = 4 floats (keeps 16-byte alignment, and makes transposing 4-byte writes conflict
 // free, see TransposeCopier; the TF32 path pads Q and K rows by 8, see F32Traits::kQKPad):
@@ -45,6 +50,7 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kRowsPerWarp = 16;
 constexpr int kBlockM = kWarps * kRowsPerWarp;  // 128
+static_assert(kBlockM == kF32FwdRowsPerCta, "the dispatch plans key splits with kBlockM");
 constexpr int kPad = 4;                          // floats of padding per smem row
 constexpr int kPStride = kRowsPerWarp + kPad;    // 20: P rows, see store_p
 
@@ -116,6 +122,21 @@ __device__ __forceinline__ int block_bh() {
   } else {
     return blockIdx.y;
   }
+}
+// The CTA's key split count and first query row (FwdParams::kv_splits), from blockIdx.x and
+// gridDim.x (row tiles times splits), likewise re-read opaquely in the epilogue.
+struct RowTileSplit {
+  int splits, m0;
+};
+template <bool kOpaque>
+__device__ __forceinline__ RowTileSplit row_tile_split(int seqlen) {
+  uint32_t x = blockIdx.x, nx = gridDim.x;
+  if constexpr (kOpaque) {
+    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(x));
+    asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(nx));
+  }
+  const int splits = static_cast<int>(nx) / ((seqlen + kBlockM - 1) / kBlockM);
+  return {splits, static_cast<int>(x) / splits * kBlockM};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -280,6 +301,7 @@ struct F32Traits {
 #else
   static constexpr int kBlockN = (kDk + kDv <= 96) ? 64 : 32;
 #endif
+  static_assert(kBlockN <= kF32FwdMaxKeysPerTile, "the dispatch's key splits need a tile each");
   static constexpr int kTN = kBlockN / 8;  // S columns per thread (FFMA path)
   static constexpr int kTV = kDv / 8;      // O columns per thread (FFMA path)
 
@@ -374,6 +396,66 @@ struct F32TileSources {
 };
 
 // ---------------------------------------------------------------------------------------------
+// Key splits (FwdParams::kv_splits): scratch of kv_splits * B * H * N * (dv + 1) floats, the
+// splits' normalized outputs [split][batch * heads][dv][N], then their row sums as log2 of
+// sum_j 2^(s_j * scale log2 e) [split][batch * heads][N].
+// ---------------------------------------------------------------------------------------------
+// Rows of scratch before this CTA's split (blockIdx.x % splits): split * B * H * N.
+__device__ __forceinline__ int64_t split_row_offset(const FwdParams& p, int splits) {
+  return static_cast<int64_t>(blockIdx.x % splits) * p.batch * p.heads * p.seqlen;
+}
+__device__ __forceinline__ float* kv_split_lse2(const FwdParams& p, int splits) {
+  return static_cast<float*>(p.kv_split_scratch) +
+         static_cast<int64_t>(splits) * p.batch * p.heads * p.seqlen * p.head_dim_v;
+}
+
+// out and lse of row n of (batch, head) bh from the splits': each split's output weighted by
+// its share of the row sum. A split whose scores are all -inf (row sum 0, output NaN) has no
+// share; if every split's are, the row is NaN with lse -inf, as without splits.
+template <int kDv>
+__global__ void __launch_bounds__(128) combine_kv_splits(const FwdParams p) {
+  const int n = blockIdx.x * 128 + threadIdx.x;
+  const int bh = blockIdx.y;
+  const int N = p.seqlen;
+  if (n >= N) return;
+  const int splits = p.kv_splits;
+  const int64_t split_rows = static_cast<int64_t>(p.batch) * p.heads * N;
+  const int64_t row = static_cast<int64_t>(bh) * N + n;
+  const float* const lse2 = static_cast<const float*>(p.kv_split_scratch) + splits * split_rows * kDv;
+  float w[kMaxKvSplits];
+  float m = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < kMaxKvSplits; ++s) {
+    w[s] = s < splits ? lse2[s * split_rows + row] : -INFINITY;
+    m = fmaxf(m, w[s]);  // NaN shares are not the max; they make the row NaN below
+  }
+  float total = 0.f;
+  unsigned has_share = 0;
+#pragma unroll
+  for (int s = 0; s < kMaxKvSplits; ++s) {
+    if (w[s] != -INFINITY) has_share |= 1u << s;
+    w[s] = w[s] == -INFINITY ? 0.f : exp2f(w[s] - m);
+    total += w[s];
+  }
+  const float inv_total = 1.f / total;
+  const int b = bh / p.heads, h = bh % p.heads;
+  float* const out = static_cast<float*>(p.out.ptr) + b * p.out.stride_b + h * p.out.stride_h +
+                     n * p.out.stride_n;
+  // The splits' outputs of this (batch, head): [split][c][n], splits split_rows * kDv apart.
+  const float* const parts =
+      static_cast<const float*>(p.kv_split_scratch) + static_cast<int64_t>(bh) * N * kDv + n;
+  for (int c = 0; c < kDv; ++c) {
+    float acc = 0.f;
+#pragma unroll
+    for (int s = 0; s < kMaxKvSplits; ++s) {
+      if (has_share >> s & 1u) acc = fmaf(w[s], parts[s * split_rows * kDv + int64_t(c) * N], acc);
+    }
+    out[c * p.out.stride_d] = acc * inv_total;
+  }
+  static_cast<float*>(p.lse)[row] = (m + log2f(total)) * 0.6931471805599453f;
+}
+
+// ---------------------------------------------------------------------------------------------
 // The kernel
 // ---------------------------------------------------------------------------------------------
 template <int kDk, int kDv, Layout kLayout, int kVecBytes, bool kTf32>
@@ -399,15 +481,21 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   const int bh = block_bh<false>();
   const int b = bh / params.heads;
   const int h = bh % params.heads;
-  const int m0 = blockIdx.x * kBlockM;
+  // With key splits (FwdParams::kv_splits; the grid is that many times the row tiles), CTAs
+  // blockIdx.x = tile * splits + split share row tile `tile`, each taking the key tiles
+  // [j_begin, j_end) (at least one: the dispatch keeps splits <= tiles).
+  const auto [splits, m0] = row_tile_split<false>(N);
+  const int split = blockIdx.x % splits;
 
   const F32TileSources<Tr> src(params, b, h);
 
   const int n_tiles = (N + kBlockN - 1) / kBlockN;
+  const int j_begin = split * n_tiles / splits, j_end = (split + 1) * n_tiles / splits;
 
-  // Prologue: Q and K/V tile 0, one cp.async group.
+  // Prologue: Q and the first K/V tile, one cp.async group.
   src.copy_q(sQ, m0, tid, params);
-  src.copy_kv(sK, sV, 0, tid, params);
+  src.copy_kv(sK + (j_begin & 1) * Tr::kKFloats, sV + (j_begin & 1) * Tr::kVFloats,
+              j_begin * kBlockN, tid, params);
   cp_async_commit();
 
   // FFMA path state (the TF32 path is below).
@@ -429,14 +517,14 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   const float* const sQw = sQ + warp * kRowsPerWarp + ty * 4;
   float* const sPw = smem + Tr::kPOff + warp * Tr::kPFloats;
 
-  for (int j = 0; j < n_tiles; ++j) {
+  for (int j = j_begin; j < j_end; ++j) {
     const int stage = j & 1;
     const int n0 = j * kBlockN;
     // Tile j landed (the only group in flight); the barrier publishes it and tells that every
     // warp is done with tile j - 1, whose stage is refilled next.
     cp_async_wait_all();
     __syncthreads();
-    if (j + 1 < n_tiles) {
+    if (j + 1 < j_end) {
       src.copy_kv(sK + (stage ^ 1) * Tr::kKFloats, sV + (stage ^ 1) * Tr::kVFloats,
                   n0 + kBlockN, tid, params);
     }
@@ -521,43 +609,39 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
     constexpr bool kTileSums = kTV <= 8;
     const float* sVs = sV + stage * Tr::kVFloats;
     const float* sPr = sPw + ty * 4;
-    float pv_sums[4][kTileSums ? kTV : 1];
-    auto& pv = [&]() -> float(&)[4][kTV] {
-      if constexpr (kTileSums) {
-        return pv_sums;
-      } else {
-        return o;
+    // acc += P V over the tile's keys.
+    auto add_pv = [&](float (&acc)[4][kTV]) {
+#pragma unroll kUnroll<kDv>
+      for (int kk = 0; kk < kBlockN; ++kk) {
+        const float4 p = lds128(sPr + kk * kPStride);
+        float vb[kTV];
+        load_cols<kTV>(vb, sVs + kk * Tr::kVStride, tx);
+#pragma unroll
+        for (int c = 0; c < kTV; ++c) {
+          acc[0][c] = fmaf(p.x, vb[c], acc[0][c]);
+          acc[1][c] = fmaf(p.y, vb[c], acc[1][c]);
+          acc[2][c] = fmaf(p.z, vb[c], acc[2][c]);
+          acc[3][c] = fmaf(p.w, vb[c], acc[3][c]);
+        }
       }
-    }();
+    };
     if constexpr (kTileSums) {
+      float pv[4][kTV];
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int c = 0; c < kTV; ++c) pv[i][c] = 0.f;
+      add_pv(pv);
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+#pragma unroll
+        for (int c = 0; c < kTV; ++c) o[i][c] = fmaf(o[i][c], alpha[i], pv[i][c]);
     } else {
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int c = 0; c < kTV; ++c) o[i][c] *= alpha[i];
-    }
-#pragma unroll kUnroll<kDv>
-    for (int kk = 0; kk < kBlockN; ++kk) {
-      const float4 p = lds128(sPr + kk * kPStride);
-      float vb[kTV];
-      load_cols<kTV>(vb, sVs + kk * Tr::kVStride, tx);
-#pragma unroll
-      for (int c = 0; c < kTV; ++c) {
-        pv[0][c] = fmaf(p.x, vb[c], pv[0][c]);
-        pv[1][c] = fmaf(p.y, vb[c], pv[1][c]);
-        pv[2][c] = fmaf(p.z, vb[c], pv[2][c]);
-        pv[3][c] = fmaf(p.w, vb[c], pv[3][c]);
-      }
-    }
-    if constexpr (kTileSums) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int c = 0; c < kTV; ++c) o[i][c] = fmaf(o[i][c], alpha[i], pv[i][c]);
+      add_pv(o);
     }
   }
   cp_async_wait_all();  // only empty groups are left
@@ -567,7 +651,9 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   const int b_e = bh_e / params.heads;
   const int h_e = bh_e % params.heads;
   float inv_l[4];
-  const int n_base = m0 + warp * kRowsPerWarp + ty * 4;  // rows n_base + i
+  const auto [splits_e, m0_e] = row_tile_split<true>(N);
+  const int n_base = m0_e + warp * kRowsPerWarp + ty * 4;  // rows n_base + i
+  float* const lse2_part = kv_split_lse2(params, splits_e) + split_row_offset(params, splits_e);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float l = row_sum[i];
@@ -578,10 +664,32 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
     inv_l[i] = 1.f / l;
     const int n = n_base + i;
     if (tx == 0 && n < N) {
-      // lse = ln(sum_j exp(scale * s_j)) = ln2 * (m + log2(l)), m in scaled log2 units.
-      static_cast<float*>(params.lse)[static_cast<int64_t>(bh_e) * N + n] =
-          (row_max[i] + log2f(l)) * 0.6931471805599453f;
+      // lse = ln(sum_j exp(scale * s_j)) = ln2 * (m + log2(l)), m in scaled log2 units; a
+      // split leaves it in log2 units for combine_kv_splits.
+      const float lse2 = row_max[i] + log2f(l);
+      if (splits_e > 1) {
+        lse2_part[static_cast<int64_t>(bh_e) * N + n] = lse2;
+      } else {
+        static_cast<float*>(params.lse)[static_cast<int64_t>(bh_e) * N + n] =
+            lse2 * 0.6931471805599453f;
+      }
     }
+  }
+  if (splits_e > 1) {
+    // This split's normalized output, [c][n] per (batch, head): combine_kv_splits reads a
+    // channel of consecutive rows per warp.
+    float* const o_part = static_cast<float*>(params.kv_split_scratch) +
+                          (split_row_offset(params, splits_e) + static_cast<int64_t>(bh_e) * N) * kDv;
+#pragma unroll
+    for (int c = 0; c < kTV; ++c) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        if (n_base + i < N) {
+          o_part[static_cast<int64_t>(mcol<kTV>(tx, c)) * N + n_base + i] = o[i][c] * inv_l[i];
+        }
+      }
+    }
+    return;
   }
 
   float* const out_head =
@@ -654,8 +762,14 @@ void launch(const FwdParams& params, cudaStream_t stream) {
   }();
   constexpr int smem = Tr::kSmemBytes;
   if constexpr (smem > 48 * 1024) allow_dynamic_smem_once<kernel>(smem);
-  kernel<<<row_tile_grid(params.seqlen, kBlockM, bh), kThreads, smem, stream>>>(
-      params, softmax_scale_log2(params.scale));
+  // Key splits are the exact kernel's (the dispatch sets them for it alone).
+  const int splits = !kTf32 && params.kv_splits > 1 ? params.kv_splits : 1;
+  dim3 grid = row_tile_grid(params.seqlen, kBlockM, bh);
+  grid.x *= splits;
+  kernel<<<grid, kThreads, smem, stream>>>(params, softmax_scale_log2(params.scale));
+  if (splits > 1) {
+    combine_kv_splits<kDv><<<dim3((params.seqlen + 127) / 128, bh), 128, 0, stream>>>(params);
+  }
 }
 
 }  // namespace flash_fwd_f32_detail
