@@ -8,7 +8,6 @@ import pytest
 import torch
 
 import psa_fa2_ext
-from psa_fa2_ext.reference import attention_eager
 from helpers import (LAYOUTS, assert_close_to_reference, assert_lse_close, batch_heads,
                      forward_reference, forward_reference_tf32, grads_reference, make_qkv,
                      poison_cuda_allocator, rel_err, requires_cuda)
@@ -520,21 +519,6 @@ def test_forward_fast_fp32_exact_key_splits(layout):
     _, q, k, v = make_qkv(16, 4, N, dk, dv, torch.float32, "cuda", layout)
     names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
     assert not any("combine_kv_splits" in name for name in names), names
-
-
-@layouts
-def test_forward_fast_fp32_exact_62500_keys(layout):
-    """62 500 keys per row (an 8000-pixel image at stride 32): the FFMA kernel sums each key
-    tile's products apart before adding them to O, so O stays within 3e-6 of float64 (one
-    fp32 chain over the whole row gave 8.6e-6). Checked on 256 random query rows."""
-    N, dk, dv = 62500, 32, 64
-    _, q, k, v = make_qkv(1, 1, N, dk, dv, torch.float32, "cuda", layout)
-    out, _ = torch.ops.psa_fa2.fwd(q, k, v, dk ** -0.5, "fast")
-    rows = torch.randperm(N, device="cuda")[:256]
-    ref = attention_eager(q[:, :, rows].double(), k.double(), v.double(), dk ** -0.5)
-    err = rel_err(out[:, :, rows], ref)
-    print(f"long rows, {layout}: {err:.2e}")
-    assert err <= 3e-6, f"out: relative error {err:.3e}"
 
 
 @pytest.fixture

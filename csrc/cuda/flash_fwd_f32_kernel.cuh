@@ -412,16 +412,26 @@ __device__ __forceinline__ float* kv_split_lse2(const FwdParams& p, int splits) 
 // out and lse of row n of (batch, head) bh from the splits': each split's output weighted by
 // its share of the row sum. A split whose scores are all -inf (row sum 0, output NaN) has no
 // share; if every split's are, the row is NaN with lse -inf, as without splits.
+// A thread takes kCombineChannels channels of one row, consecutive threads consecutive rows;
+// blockIdx.x = channel group * row blocks + row block. Every split's value of a channel is
+// loaded before any is used (a load under the share's branch left one in flight at a time).
+constexpr int kCombineThreads = 128;
 template <int kDv>
-__global__ void __launch_bounds__(128) combine_kv_splits(const FwdParams p) {
-  const int n = blockIdx.x * 128 + threadIdx.x;
-  const int bh = blockIdx.y;
+constexpr int kCombineChannels = kDv < 16 ? kDv : 16;
+template <int kDv>
+__global__ void __launch_bounds__(kCombineThreads) combine_kv_splits(const FwdParams p) {
+  constexpr int kChannels = kCombineChannels<kDv>;
   const int N = p.seqlen;
+  const int row_blocks = (N + kCombineThreads - 1) / kCombineThreads;
+  const int group = blockIdx.x / row_blocks;
+  const int n = (blockIdx.x % row_blocks) * kCombineThreads + threadIdx.x;
+  const int bh = blockIdx.y;
   if (n >= N) return;
   const int splits = p.kv_splits;
   const int64_t split_rows = static_cast<int64_t>(p.batch) * p.heads * N;
   const int64_t row = static_cast<int64_t>(bh) * N + n;
-  const float* const lse2 = static_cast<const float*>(p.kv_split_scratch) + splits * split_rows * kDv;
+  const float* const lse2 =
+      static_cast<const float*>(p.kv_split_scratch) + splits * split_rows * kDv;
   float w[kMaxKvSplits];
   float m = -INFINITY;
 #pragma unroll
@@ -441,18 +451,23 @@ __global__ void __launch_bounds__(128) combine_kv_splits(const FwdParams p) {
   const int b = bh / p.heads, h = bh % p.heads;
   float* const out = static_cast<float*>(p.out.ptr) + b * p.out.stride_b + h * p.out.stride_h +
                      n * p.out.stride_n;
-  // The splits' outputs of this (batch, head): [split][c][n], splits split_rows * kDv apart.
+  // The splits' outputs of this (batch, head): [split][c][n], splits split_rows * kDv apart;
+  // splits past the last read the last one's (in bounds, without a share).
   const float* const parts =
       static_cast<const float*>(p.kv_split_scratch) + static_cast<int64_t>(bh) * N * kDv + n;
-  for (int c = 0; c < kDv; ++c) {
-    float acc = 0.f;
+#pragma unroll 4
+  for (int c = group * kChannels; c < (group + 1) * kChannels; ++c) {
+    float x[kMaxKvSplits];
 #pragma unroll
     for (int s = 0; s < kMaxKvSplits; ++s) {
-      if (has_share >> s & 1u) acc = fmaf(w[s], parts[s * split_rows * kDv + int64_t(c) * N], acc);
+      x[s] = parts[(s < splits ? s : splits - 1) * split_rows * kDv + int64_t(c) * N];
     }
+    float acc = 0.f;
+#pragma unroll
+    for (int s = 0; s < kMaxKvSplits; ++s) acc = has_share >> s & 1u ? fmaf(w[s], x[s], acc) : acc;
     out[c * p.out.stride_d] = acc * inv_total;
   }
-  static_cast<float*>(p.lse)[row] = (m + log2f(total)) * 0.6931471805599453f;
+  if (group == 0) static_cast<float*>(p.lse)[row] = (m + log2f(total)) * 0.6931471805599453f;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -564,8 +579,6 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
 
     // ---- Online softmax, base 2 ----
     // Max on raw scores, scaled once (the dispatch requires scale >= 0); p = 2^(s * c - m).
-    // alpha: the rows' rescale of O, applied when the tile's products are added to it.
-    float alpha[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       float mx = s[i][0];
@@ -578,7 +591,7 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
       // All scores so far -inf: 0 as the reference (weights 0, not NaN); NaN scores still
       // poison the row as in eager (fmaxf skips them, exp2f(NaN) = NaN).
       const float m_ref = m_new == -INFINITY ? 0.f : m_new;
-      alpha[i] = fast_exp2(row_max[i] - m_ref);  // 0 on the first tile
+      const float alpha = fast_exp2(row_max[i] - m_ref);  // 0 on the first tile
       row_max[i] = m_new;
       const float neg_m = -m_ref;
       float sum = 0.f;
@@ -587,7 +600,9 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
         s[i][c] = fast_exp2(fmaf(s[i][c], scale_log2, neg_m));
         sum += s[i][c];
       }
-      row_sum[i] = fmaf(row_sum[i], alpha[i], sum);
+      row_sum[i] = fmaf(row_sum[i], alpha, sum);
+#pragma unroll
+      for (int c = 0; c < kTV; ++c) o[i][c] *= alpha;
     }
 
     // ---- P -> the warp's buffer, [key][row]: one float4 (4 rows) per key ----
@@ -600,48 +615,25 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
     }
     __syncwarp();
 
-    // ---- O = alpha O + P V: 4 rows x kTV channels per thread ----
-    // The tile's products are summed apart and then added (kTileSums): one fp32 chain over
-    // every key of a long row loses about sqrt(keys) ulps of O (8.6e-6 of its size at
-    // 1,2,62500, bench/results/h200-2026-12-03-0fd4498), a chain per tile and one over the
-    // tiles about sqrt(kBlockN) + sqrt(tiles). dv = 128 (64 accumulators per thread) keeps
-    // the one chain: a second set spills at the 128 registers of two CTAs per SM.
-    constexpr bool kTileSums = kTV <= 8;
+    // ---- O += P V: 4 rows x kTV channels per thread ----
+    // One fp32 chain per output over all of a row's keys: at 1,2,62500 that is 8.6e-6 of O's
+    // size off float64 (bench/results/h200-2026-12-03-0fd4498). Summing each tile's products
+    // apart and adding them to O gave 1.1-1.4e-6 there but ran 8-9% slower at every shape
+    // (more registers live through the loop; bench/results/h200-2026-12-03-311068d), so not.
     const float* sVs = sV + stage * Tr::kVFloats;
     const float* sPr = sPw + ty * 4;
-    // acc += P V over the tile's keys.
-    auto add_pv = [&](float (&acc)[4][kTV]) {
 #pragma unroll kUnroll<kDv>
-      for (int kk = 0; kk < kBlockN; ++kk) {
-        const float4 p = lds128(sPr + kk * kPStride);
-        float vb[kTV];
-        load_cols<kTV>(vb, sVs + kk * Tr::kVStride, tx);
+    for (int kk = 0; kk < kBlockN; ++kk) {
+      const float4 p = lds128(sPr + kk * kPStride);
+      float vb[kTV];
+      load_cols<kTV>(vb, sVs + kk * Tr::kVStride, tx);
 #pragma unroll
-        for (int c = 0; c < kTV; ++c) {
-          acc[0][c] = fmaf(p.x, vb[c], acc[0][c]);
-          acc[1][c] = fmaf(p.y, vb[c], acc[1][c]);
-          acc[2][c] = fmaf(p.z, vb[c], acc[2][c]);
-          acc[3][c] = fmaf(p.w, vb[c], acc[3][c]);
-        }
+      for (int c = 0; c < kTV; ++c) {
+        o[0][c] = fmaf(p.x, vb[c], o[0][c]);
+        o[1][c] = fmaf(p.y, vb[c], o[1][c]);
+        o[2][c] = fmaf(p.z, vb[c], o[2][c]);
+        o[3][c] = fmaf(p.w, vb[c], o[3][c]);
       }
-    };
-    if constexpr (kTileSums) {
-      float pv[4][kTV];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int c = 0; c < kTV; ++c) pv[i][c] = 0.f;
-      add_pv(pv);
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int c = 0; c < kTV; ++c) o[i][c] = fmaf(o[i][c], alpha[i], pv[i][c]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int c = 0; c < kTV; ++c) o[i][c] *= alpha[i];
-      add_pv(o);
     }
   }
   cp_async_wait_all();  // only empty groups are left
@@ -768,7 +760,9 @@ void launch(const FwdParams& params, cudaStream_t stream) {
   grid.x *= splits;
   kernel<<<grid, kThreads, smem, stream>>>(params, softmax_scale_log2(params.scale));
   if (splits > 1) {
-    combine_kv_splits<kDv><<<dim3((params.seqlen + 127) / 128, bh), 128, 0, stream>>>(params);
+    const int row_blocks = (params.seqlen + kCombineThreads - 1) / kCombineThreads;
+    combine_kv_splits<kDv><<<dim3(row_blocks * (kDv / kCombineChannels<kDv>), bh),
+                             kCombineThreads, 0, stream>>>(params);
   }
 }
 
