@@ -112,6 +112,12 @@
 // was 0-5% slower (ptxas placed the step's addressing worse). ex2.approx.f16x2 / .bf16x2 are
 // two MUFU ops on sm_90 (15.9 elements per clock and SM, as f32), so packed exponentials gain
 // nothing either.
+// Looked at in the SASS only (nvcc 13.0, not timed): committing "cft3"'s two S tiles as two
+// wgmma groups and waiting for them apart, so that the first tile's exponentials run while
+// the second tile's product is in flight. ptxas issues 1 of the 32 exponentials between the
+// two waits (and the P V wait after 8 more), as it does with one wait; an empty asm on the
+// first half's sums is no instruction to it. A wait predicated on those sums (always true)
+// kept it in place but made ptxas wait after every wgmma of the kernel.
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
