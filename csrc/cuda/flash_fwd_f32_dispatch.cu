@@ -53,8 +53,8 @@ bool flash_fwd_f32_supported(const FwdParams& p) { return select(p).launch != nu
 int flash_fwd_f32_kv_splits(const FwdParams& p) {
   const Selection sel = select(p);
   if (sel.launch == nullptr || sel.tf32) return 1;
-  const int64_t ctas =
-      int64_t(p.batch) * p.heads * ((int64_t(p.seqlen) + kF32FwdRowsPerCta - 1) / kF32FwdRowsPerCta);
+  const int64_t row_tiles = (int64_t(p.seqlen) + kF32FwdRowsPerCta - 1) / kF32FwdRowsPerCta;
+  const int64_t ctas = int64_t(p.batch) * p.heads * row_tiles;
   const int64_t sms = current_device_multiprocessors();
   // At most kF32FwdMaxKeysPerTile keys per tile: every split has a tile.
   const int64_t key_tiles =

@@ -465,7 +465,9 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kv_splits(const FwdPa
     }
     float acc = 0.f;
 #pragma unroll
-    for (int s = 0; s < kMaxKvSplits; ++s) acc = has_share >> s & 1u ? fmaf(w[s], x[s], acc) : acc;
+    for (int s = 0; s < kMaxKvSplits; ++s) {
+      acc = has_share >> s & 1u ? fmaf(w[s], x[s], acc) : acc;
+    }
     out[c * p.out.stride_d] = acc * inv_total;
   }
   if (group == 0) static_cast<float*>(p.lse)[row] = (m + log2f(total)) * 0.6931471805599453f;
@@ -671,8 +673,8 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   if (splits_e > 1) {
     // This split's normalized output, [c][n] per (batch, head): combine_kv_splits reads a
     // channel of consecutive rows per warp.
-    float* const o_part = static_cast<float*>(params.kv_split_scratch) +
-                          (split_row_offset(params, splits_e) + static_cast<int64_t>(bh_e) * N) * kDv;
+    const int64_t part_row0 = split_row_offset(params, splits_e) + static_cast<int64_t>(bh_e) * N;
+    float* const o_part = static_cast<float*>(params.kv_split_scratch) + part_row0 * kDv;
 #pragma unroll
     for (int c = 0; c < kTV; ++c) {
 #pragma unroll
