@@ -46,7 +46,8 @@ for warpgroups in ("2", "3"):
 os.environ.pop("PSA_FA2_KV_TILE_IMAGES")
 # fp32: the exact forward ("highest") and the TF32 one ("high"), and the FFMA backward, at
 # masked tails (97 tokens: two key tiles, the second partial; four row steps, the last of one).
-# Both sizes split the exact forward's keys (2 and 7 CTAs per row tile, then the combine).
+# Both sizes split the forward's keys, exact and TF32 (2 and 7 CTAs per row tile, then the
+# combine).
 for precision, N, layout_dims in itertools.product(("highest", "high"), (97, 1025), ((2, 3), None)):
     torch.set_float32_matmul_precision(precision)
     x = torch.randn(1, 2 * 128, N, device="cuda")

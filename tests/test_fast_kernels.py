@@ -499,26 +499,40 @@ def test_forward_fast_fp32_exact(N, dk, dv, layout):
     check_forward("cuda", "fast", N, dk, dv, torch.float32, layout)
 
 
+@pytest.mark.parametrize("precision", ["highest", "high"], ids=["exact", "tf32"])
 @layouts
-def test_forward_fast_fp32_exact_key_splits(layout):
-    """Grids of fewer CTAs than SMs share each row tile's keys among CTAs, and a second
-    kernel combines their outputs; here every score of keys 0-63 is -inf (q > 0, k = -inf),
-    so the CTA that takes those keys alone must add nothing. Large grids run without."""
+def test_forward_fast_fp32_key_splits(layout, precision):
+    """Grids of fewer CTAs than SMs share each row tile's keys among CTAs (the exact and the
+    TF32 kernel alike), and a second kernel combines their outputs; here every score of keys
+    0-63 is -inf (q > 0, k = -inf), so the CTA that takes those keys alone must add nothing.
+    Large grids run without."""
     B, H, N, dk, dv = 1, 1, 400, 32, 64
     _, q, k, v = make_qkv(B, H, N, dk, dv, torch.float32, "cuda", layout)
     q.copy_(q.abs() + 0.1)
     k[:, :, :64] = -math.inf
     scale = dk ** -0.5
-    poison_cuda_allocator(4 * B * H * N * (dv + 1) * 8, "cuda")
-    out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
-    ref64, eager = forward_reference(q, k, v, scale)
-    assert_close_to_reference("out", out, ref64, eager, torch.float32)
-    assert_lse_close(lse, q, k, scale)
-    names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
-    assert any("combine_kv_splits" in name for name in names), names
-    _, q, k, v = make_qkv(16, 4, N, dk, dv, torch.float32, "cuda", layout)
-    names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
-    assert not any("combine_kv_splits" in name for name in names), names
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        poison_cuda_allocator(4 * B * H * N * (dv + 1) * 8, "cuda")
+        out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
+        if precision == "highest":
+            ref64, eager = forward_reference(q, k, v, scale)
+            assert_close_to_reference("out", out, ref64, eager, torch.float32)
+            assert_lse_close(lse, q, k, scale)
+        else:
+            ref64, eager, lse64, lse_tf32 = forward_reference_tf32(q, k, v, scale)
+            assert_close_to_reference("out", out, ref64, eager, torch.float32, tf32=True)
+            assert_close_to_reference("lse", lse, lse64, lse_tf32, torch.float32, tf32=True)
+        names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
+        assert any("combine_kv_splits" in name for name in names), names
+        tf32_ran = any("flash_fwd_tf32_kernel" in name for name in names)
+        assert tf32_ran == (precision == "high"), names
+        _, q, k, v = make_qkv(16, 4, N, dk, dv, torch.float32, "cuda", layout)
+        names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
+        assert not any("combine_kv_splits" in name for name in names), names
+    finally:
+        torch.set_float32_matmul_precision(previous)
 
 
 @pytest.fixture

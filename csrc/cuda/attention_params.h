@@ -20,8 +20,8 @@ enum class Layout : int { kTokenMajor = 0, kChannelFirst = 1 };
 constexpr int kKVTileImages = 0;
 constexpr int kKVTileImages3 = 1;
 
-// The most CTAs that share a row tile of the exact fp32 forward (FwdParams::kv_splits), and
-// that kernel's query rows per CTA and most keys per key tile, which its dispatch plans with.
+// The most CTAs that share a row tile of the fp32 forward (FwdParams::kv_splits), and its
+// kernels' query rows per CTA and most keys per key tile, which its dispatch plans with.
 constexpr int kMaxKvSplits = 8;
 constexpr int kF32FwdRowsPerCta = 128;
 constexpr int kF32FwdMaxKeysPerTile = 64;
@@ -46,7 +46,7 @@ struct FwdParams {
   // Fast Hopper forward only: k.ptr holds K and V as 64-key tile images (RowCopy's tiled mode,
   // dk + dv channels per tile), and k's strides and v are not read.
   bool kv_tile_images;
-  // Exact fp32 forward only (flash_fwd_f32_kv_splits): kv_splits > 1 CTAs share each row tile,
+  // fp32 forward only (flash_fwd_f32_kv_splits): kv_splits > 1 CTAs share each row tile,
   // each taking a run of the key tiles; they leave normalized partial outputs and their log2
   // sums in kv_split_scratch (flash_fwd_f32_split_scratch_bytes), which a second kernel
   // combines into out and lse.

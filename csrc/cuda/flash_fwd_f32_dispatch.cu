@@ -26,33 +26,27 @@ Launcher find_launcher(const FwdParams& p, int vec_bytes, bool tf32) {
   return nullptr;
 }
 
-struct Selection {
-  Launcher launch;
-  bool tf32;
-};
-
-Selection select(const FwdParams& p) {
-  if (p.dtype != DType::kFloat32 || !fwd_dispatch::params_ok(p)) return {nullptr, false};
+Launcher select(const FwdParams& p) {
+  if (p.dtype != DType::kFloat32 || !fwd_dispatch::params_ok(p)) return nullptr;
   // 16 or 4 bytes: 4 or 1 floats.
   const int vec = fwd_dispatch::common_vec_bytes(p, 4, {16, 4});
-  if (vec == 0) return {nullptr, false};
+  if (vec == 0) return nullptr;
   // TF32 where allowed and instantiated; else the exact kernel (more accurate than asked for).
   if (p.allow_tf32) {
-    if (Launcher l = find_launcher(p, vec, true)) return {l, true};
+    if (Launcher l = find_launcher(p, vec, true)) return l;
   }
-  return {find_launcher(p, vec, false), false};
+  return find_launcher(p, vec, false);
 }
 
 }  // namespace
 
-bool flash_fwd_f32_supported(const FwdParams& p) { return select(p).launch != nullptr; }
+bool flash_fwd_f32_supported(const FwdParams& p) { return select(p) != nullptr; }
 
-// The exact kernel on grids of fewer CTAs than SMs (1,4,400 is 16, with 8 warps each): as many
-// CTAs per row tile as fit the SMs once over, each taking a run of the key tiles, up to one
-// tile each and kMaxKvSplits.
+// Grids of fewer CTAs than SMs (1,4,400 is 16, with 8 warps each): as many CTAs per row tile
+// as fit the SMs once over, each taking a run of the key tiles, up to one tile each and
+// kMaxKvSplits. Both kernels, exact and TF32, take the split.
 int flash_fwd_f32_kv_splits(const FwdParams& p) {
-  const Selection sel = select(p);
-  if (sel.launch == nullptr || sel.tf32) return 1;
+  if (select(p) == nullptr) return 1;
   const int64_t row_tiles = (int64_t(p.seqlen) + kF32FwdRowsPerCta - 1) / kF32FwdRowsPerCta;
   const int64_t ctas = int64_t(p.batch) * p.heads * row_tiles;
   const int64_t sms = current_device_multiprocessors();
@@ -68,7 +62,7 @@ size_t flash_fwd_f32_split_scratch_bytes(const FwdParams& p, int kv_splits) {
 }
 
 void flash_fwd_f32(const FwdParams& p, cudaStream_t stream) {
-  if (Launcher launch = select(p).launch) launch(p, stream);
+  if (Launcher launch = select(p)) launch(p, stream);
 }
 
 }  // namespace psa_fa2

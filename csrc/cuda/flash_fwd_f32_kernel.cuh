@@ -11,7 +11,7 @@
 // tiles through two shared-memory stages filled with cp.async one tile ahead (one __syncthreads per
 // tile). Online softmax in base 2 (log2(e) folded into the scale), fp32 statistics, exp2f.
 //
-// Grids of fewer CTAs than SMs (the exact kernel only; 1,4,400 is 16 CTAs) split each row
+// Grids of fewer CTAs than SMs (1,4,400 is 16 CTAs) split each row
 // tile's key tiles among as many CTAs as fit the SMs once over (FwdParams::kv_splits, up to
 // kMaxKvSplits): each leaves its normalized output and row sum in scratch, and
 // combine_kv_splits weights them by their row sums into out and lse. On the H200 that took
@@ -401,13 +401,18 @@ struct F32TileSources {
 // splits' normalized outputs [split][batch * heads][dv][N], then their row sums as log2 of
 // sum_j 2^(s_j * scale log2 e) [split][batch * heads][N].
 // ---------------------------------------------------------------------------------------------
-// Rows of scratch before this CTA's split (blockIdx.x % splits): split * B * H * N.
-__device__ __forceinline__ int64_t split_row_offset(const FwdParams& p, int splits) {
-  return static_cast<int64_t>(blockIdx.x % splits) * p.batch * p.heads * p.seqlen;
-}
-__device__ __forceinline__ float* kv_split_lse2(const FwdParams& p, int splits) {
-  return static_cast<float*>(p.kv_split_scratch) +
-         static_cast<int64_t>(splits) * p.batch * p.heads * p.seqlen * p.head_dim_v;
+// Where this CTA's split (blockIdx.x % splits) leaves its rows: its row sums' log2 ([B * H][N])
+// and its normalized output ([B * H][dv][N]).
+struct SplitPart {
+  float* lse2;
+  float* out;
+};
+__device__ __forceinline__ SplitPart split_part(const FwdParams& p, int splits) {
+  const int64_t split_rows = static_cast<int64_t>(p.batch) * p.heads * p.seqlen;
+  const int64_t split = blockIdx.x % splits;
+  float* const scratch = static_cast<float*>(p.kv_split_scratch);
+  return {scratch + (splits * p.head_dim_v + split) * split_rows,
+          scratch + split * split_rows * p.head_dim_v};
 }
 
 // out and lse of row n of (batch, head) bh from the splits': each split's output weighted by
@@ -648,7 +653,7 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   float inv_l[4];
   const auto [splits_e, m0_e] = row_tile_split<true>(N);
   const int n_base = m0_e + warp * kRowsPerWarp + ty * 4;  // rows n_base + i
-  float* const lse2_part = kv_split_lse2(params, splits_e) + split_row_offset(params, splits_e);
+  const SplitPart part = splits_e > 1 ? split_part(params, splits_e) : SplitPart{nullptr, nullptr};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float l = row_sum[i];
@@ -663,7 +668,7 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
       // split leaves it in log2 units for combine_kv_splits.
       const float lse2 = row_max[i] + log2f(l);
       if (splits_e > 1) {
-        lse2_part[static_cast<int64_t>(bh_e) * N + n] = lse2;
+        part.lse2[static_cast<int64_t>(bh_e) * N + n] = lse2;
       } else {
         static_cast<float*>(params.lse)[static_cast<int64_t>(bh_e) * N + n] =
             lse2 * 0.6931471805599453f;
@@ -673,8 +678,7 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   if (splits_e > 1) {
     // This split's normalized output, [c][n] per (batch, head): combine_kv_splits reads a
     // channel of consecutive rows per warp.
-    const int64_t part_row0 = split_row_offset(params, splits_e) + static_cast<int64_t>(bh_e) * N;
-    float* const o_part = static_cast<float*>(params.kv_split_scratch) + part_row0 * kDv;
+    float* const o_part = part.out + static_cast<int64_t>(bh_e) * N * kDv;
 #pragma unroll
     for (int c = 0; c < kTV; ++c) {
 #pragma unroll
@@ -757,8 +761,7 @@ void launch(const FwdParams& params, cudaStream_t stream) {
   }();
   constexpr int smem = Tr::kSmemBytes;
   if constexpr (smem > 48 * 1024) allow_dynamic_smem_once<kernel>(smem);
-  // Key splits are the exact kernel's (the dispatch sets them for it alone).
-  const int splits = !kTf32 && params.kv_splits > 1 ? params.kv_splits : 1;
+  const int splits = params.kv_splits > 1 ? params.kv_splits : 1;
   dim3 grid = row_tile_grid(params.seqlen, kBlockM, bh);
   grid.x *= splits;
   kernel<<<grid, kThreads, smem, stream>>>(params, softmax_scale_log2(params.scale));

@@ -18,6 +18,9 @@
 //     P V sums over keys, A's k index t is taken to be key 2t and t+4 key 2t+1, and the V
 //     fragment is read with the same order: b0 = V[key 2t][ch g], b1 = V[key 2t + 1][ch g],
 //     adjacent in a [dv][kBlockN] tile (one 64-bit load).
+//   - Key splits on small grids (FwdParams::kv_splits) as in the exact kernel: a CTA takes a
+//     run of its row tile's key tiles and leaves its normalized output and row sum to
+//     combine_kv_splits.
 //   - The online softmax is the bf16 kernel's (mma_softmax.cuh: rows g, g+8 per lane, max
 //     over the 4 lanes of a row), in base 2 with log2(e) folded into the scale, with the lazy
 //     max of the wgmma kernel: a row's reference max moves only when the max grows by more than
@@ -79,15 +82,20 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   const int bh = block_bh<false>();
   const int b = bh / params.heads;
   const int h = bh % params.heads;
-  const int m0 = blockIdx.x * kBlockM;
+  // Key splits as in the exact kernel: CTA blockIdx.x = tile * splits + split takes the key
+  // tiles [j_begin, j_end) of row tile `tile`.
+  const auto [splits, m0] = row_tile_split<false>(N);
+  const int split = blockIdx.x % splits;
 
   const F32TileSources<Tr> src(params, b, h);
   auto to_tf32 = [](float& x) { x = round_to_tf32(x); };
 
   const int n_tiles = (N + kBlockN - 1) / kBlockN;
+  const int j_begin = split * n_tiles / splits, j_end = (split + 1) * n_tiles / splits;
 
   src.copy_q(sQ, m0, tid, params);
-  src.copy_kv(sK, sV, 0, tid, params);
+  src.copy_kv(sK + (j_begin & 1) * Tr::kKFloats, sV + (j_begin & 1) * Tr::kVFloats,
+              j_begin * kBlockN, tid, params);
   cp_async_commit();
 
   float o[kOTiles][4];
@@ -99,7 +107,7 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   float row_sum[2] = {0.f, 0.f};
   const float* const sQw = sQ + warp * kRowsPerWarp + g;
 
-  for (int j = 0; j < n_tiles; ++j) {
+  for (int j = j_begin; j < j_end; ++j) {
     const int stage = j & 1;
     const int n0 = j * kBlockN;
     float* const sKs = sK + stage * Tr::kKFloats;
@@ -107,11 +115,11 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
     // Tile j landed; round what this thread copied, then the barrier publishes it (and tells
     // that every warp is done with tile j - 1, whose stage is refilled next).
     cp_async_wait_all();
-    if (j == 0) Tr::q_copier(tid, params).for_each_copied(sQ, to_tf32);
+    if (j == j_begin) Tr::q_copier(tid, params).for_each_copied(sQ, to_tf32);
     Tr::k_copier(tid, params).for_each_copied(sKs, to_tf32);
     Tr::v_copier(tid, params).for_each_copied(sVs, to_tf32);
     __syncthreads();
-    if (j + 1 < n_tiles) {
+    if (j + 1 < j_end) {
       src.copy_kv(sK + (stage ^ 1) * Tr::kKFloats, sV + (stage ^ 1) * Tr::kVFloats,
                   n0 + kBlockN, tid, params);
     }
@@ -163,6 +171,8 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   const int bh_e = block_bh<true>();
   const int b_e = bh_e / params.heads;
   const int h_e = bh_e % params.heads;
+  const auto [splits_e, m0_e] = row_tile_split<true>(N);
+  const SplitPart part = splits_e > 1 ? split_part(params, splits_e) : SplitPart{nullptr, nullptr};
   float* const out_head =
       static_cast<float*>(params.out.ptr) + b_e * params.out.stride_b + h_e * params.out.stride_h;
 #pragma unroll
@@ -172,8 +182,21 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     // l == 0 only for rows whose scores are all -inf: 0 * inf = NaN, as eager softmax gives.
     const float inv_l = 1.f / l;
-    const int n = m0 + warp * kRowsPerWarp + g + 8 * r;
+    const int n = m0_e + warp * kRowsPerWarp + g + 8 * r;
     if (n >= N) continue;
+    if (splits_e > 1) {
+      // This split's row sum (log2 units) and normalized output ([c][n] per (batch, head)),
+      // for combine_kv_splits.
+      if (t == 0) part.lse2[static_cast<int64_t>(bh_e) * N + n] = row_max[r] + log2f(l);
+      float* const o_part = part.out + static_cast<int64_t>(bh_e) * N * kDv + n;
+#pragma unroll
+      for (int c = 0; c < kOTiles; ++c) {
+        const int ch = c * 8 + 2 * t;
+        o_part[static_cast<int64_t>(ch) * N] = o[c][2 * r] * inv_l;
+        o_part[static_cast<int64_t>(ch + 1) * N] = o[c][2 * r + 1] * inv_l;
+      }
+      continue;
+    }
     if (t == 0) {
       // lse = ln(sum_j exp(scale * s_j)) = ln2 * (m + log2(l)), m in scaled log2 units.
       static_cast<float*>(params.lse)[static_cast<int64_t>(bh_e) * N + n] =

@@ -50,7 +50,7 @@ void copy_rows(const RowCopy& copy, cudaStream_t stream);
 // contract as flash_fwd_supported / flash_fwd.
 bool flash_fwd_f32_supported(const FwdParams& params);
 void flash_fwd_f32(const FwdParams& params, cudaStream_t stream);
-// How many CTAs share each row tile of the exact fp32 forward (FwdParams::kv_splits; 1: none),
+// How many CTAs share each row tile of the fp32 forward (FwdParams::kv_splits; 1: none),
 // and the scratch they need.
 int flash_fwd_f32_kv_splits(const FwdParams& params);
 size_t flash_fwd_f32_split_scratch_bytes(const FwdParams& params, int kv_splits);
