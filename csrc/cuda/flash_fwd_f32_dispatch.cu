@@ -46,7 +46,7 @@ bool flash_fwd_f32_supported(const FwdParams& p) { return select(p) != nullptr; 
 // as fit the SMs once over, each taking a run of the key tiles, up to one tile each and
 // kMaxKvSplits. Both kernels, exact and TF32, take the split.
 int flash_fwd_f32_kv_splits(const FwdParams& p) {
-  if (select(p) == nullptr) return 1;
+  if (select(p) == nullptr || !f32_kv_splits_enabled()) return 1;
   const int64_t row_tiles = (int64_t(p.seqlen) + kF32FwdRowsPerCta - 1) / kF32FwdRowsPerCta;
   const int64_t ctas = int64_t(p.batch) * p.heads * row_tiles;
   const int64_t sms = current_device_multiprocessors();

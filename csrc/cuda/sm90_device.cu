@@ -54,6 +54,8 @@ bool sm90_kernels_enabled() { return !env_flag_set("PSA_FA2_DISABLE_SM90") && on
 
 bool aligned_row_copies_enabled() { return !env_flag_set("PSA_FA2_DISABLE_ALIGNED_COPIES"); }
 
+bool f32_kv_splits_enabled() { return !env_flag_set("PSA_FA2_DISABLE_F32_KV_SPLITS"); }
+
 KVTileImagesChoice kv_tile_images_choice() {
   const char* value = std::getenv("PSA_FA2_KV_TILE_IMAGES");
   if (value == nullptr) return {CopyChoice::kMeasured, 0};

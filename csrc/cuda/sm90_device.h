@@ -15,6 +15,11 @@ bool sm90_kernels_enabled();
 // PSA_FA2_DISABLE_ALIGNED_COPIES=1 turns that off (benchmarks of the copies), read per call.
 bool aligned_row_copies_enabled();
 
+// Whether the fp32 forward may share a row tile's keys among CTAs on small grids
+// (FwdParams::kv_splits; the results agree to rounding): PSA_FA2_DISABLE_F32_KV_SPLITS=1 turns
+// that off (benchmarks of the splits), read per call.
+bool f32_kv_splits_enabled();
+
 // PSA_FA2_KV_TILE_IMAGES, read per call: 1 copies K and V to tile images wherever the forward
 // can read them (kAlways), 0 never (kNever); unset or anything else, where the dispatch's
 // measured threshold says (kMeasured; flash_fwd_wants_kv_tile_images). 2 and 3 are 1 with the
