@@ -501,11 +501,11 @@ def test_forward_fast_fp32_exact(N, dk, dv, layout):
 
 @pytest.mark.parametrize("precision", ["highest", "high"], ids=["exact", "tf32"])
 @layouts
-def test_forward_fast_fp32_key_splits(layout, precision):
+def test_forward_fast_fp32_key_splits(layout, precision, monkeypatch):
     """Grids of fewer CTAs than SMs share each row tile's keys among CTAs (the exact and the
     TF32 kernel alike), and a second kernel combines their outputs; here every score of keys
     0-63 is -inf (q > 0, k = -inf), so the CTA that takes those keys alone must add nothing.
-    Large grids run without."""
+    Large grids run without, and so do small ones under PSA_FA2_DISABLE_F32_KV_SPLITS=1."""
     B, H, N, dk, dv = 1, 1, 400, 32, 64
     _, q, k, v = make_qkv(B, H, N, dk, dv, torch.float32, "cuda", layout)
     q.copy_(q.abs() + 0.1)
@@ -514,20 +514,26 @@ def test_forward_fast_fp32_key_splits(layout, precision):
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(precision)
     try:
-        poison_cuda_allocator(4 * B * H * N * (dv + 1) * 8, "cuda")
-        out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
-        if precision == "highest":
-            ref64, eager = forward_reference(q, k, v, scale)
-            assert_close_to_reference("out", out, ref64, eager, torch.float32)
-            assert_lse_close(lse, q, k, scale)
-        else:
-            ref64, eager, lse64, lse_tf32 = forward_reference_tf32(q, k, v, scale)
-            assert_close_to_reference("out", out, ref64, eager, torch.float32, tf32=True)
-            assert_close_to_reference("lse", lse, lse64, lse_tf32, torch.float32, tf32=True)
-        names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
-        assert any("combine_kv_splits" in name for name in names), names
-        tf32_ran = any("flash_fwd_tf32_kernel" in name for name in names)
-        assert tf32_ran == (precision == "high"), names
+        def check_small_grid(split):
+            poison_cuda_allocator(4 * B * H * N * (dv + 1) * 8, "cuda")
+            out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
+            if precision == "highest":
+                ref64, eager = forward_reference(q, k, v, scale)
+                assert_close_to_reference("out", out, ref64, eager, torch.float32)
+                assert_lse_close(lse, q, k, scale)
+            else:
+                ref64, eager, lse64, lse_tf32 = forward_reference_tf32(q, k, v, scale)
+                assert_close_to_reference("out", out, ref64, eager, torch.float32, tf32=True)
+                assert_close_to_reference("lse", lse, lse64, lse_tf32, torch.float32, tf32=True)
+            names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
+            assert any("combine_kv_splits" in name for name in names) == split, names
+            tf32_ran = any("flash_fwd_tf32_kernel" in name for name in names)
+            assert tf32_ran == (precision == "high"), names
+
+        check_small_grid(split=True)
+        monkeypatch.setenv("PSA_FA2_DISABLE_F32_KV_SPLITS", "1")
+        check_small_grid(split=False)
+        monkeypatch.delenv("PSA_FA2_DISABLE_F32_KV_SPLITS")
         _, q, k, v = make_qkv(16, 4, N, dk, dv, torch.float32, "cuda", layout)
         names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
         assert not any("combine_kv_splits" in name for name in names), names
