@@ -159,17 +159,6 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static constexpr bool kWarpRedo = kKVVecBytes == kKVTileImages3;
 #endif
   static constexpr int kRowsPerCta = kBlockM * kWarpgroups;
-  // The exponentials' offsets added by the product itself: Q is scaled by scale log2(e) once,
-  // and S takes one more k16 step, A = this lane's rows' -m (as three bf16 terms, exact) in
-  // columns 0 .. 2 and B = a tile of ones, so that S comes out as s * scale log2(e) - m and
-  // each probability is one MUFU ex2 with no FFMA before it. bf16 only: -m may be past fp16's
-  // range. Needs the per-warp redo (kWarpRedo), whose mma.sync scores carry no offset.
-#if !defined(PSA_FA2_SM90_OFFSET_IN_PRODUCT)
-#define PSA_FA2_SM90_OFFSET_IN_PRODUCT 0
-#endif
-  static constexpr bool kOffsetInProduct = kWarpRedo && kDtype == DType::kBFloat16 &&
-                                           kKVVecBytes == kKVTileImages3 &&
-                                           PSA_FA2_SM90_OFFSET_IN_PRODUCT;
   // Each lane's row sums of a tile, used only where the tile is not redone, were left by ptxas
   // after the redo vote, as a chain of dependent FADDs at the end of the step. With tile images
   // they are pinned among the exponentials instead (kEarlySums), "cft" adding them up as a tree
@@ -217,20 +206,15 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
       kKOffset + (kKVImages ? KTile::kBytes : kStages * kKStageStride);
   static constexpr int kStagesEnd =
       kKVImages ? kKOffset + kStages * kKStageStride : kVOffset + kStages * kVStageStride;
-  // kOffsetInProduct: the B operand of the offsets' k16 step, a k16 slice of a channel-first K
-  // tile (16 rows of 64 keys) all ones, so that its swizzle does not matter.
-  static_assert(!kOffsetInProduct || (kCF && kTileN == 64), "ones as a channel-first K slice");
-  static constexpr int kOnesOffset = kStagesEnd;
-  static constexpr int kOnesBytes = kOffsetInProduct ? 16 * kTileN * 2 : 0;
-  static constexpr int kFullOffset = kOnesOffset + kOnesBytes;  // kStages mbarriers (images)
+  static constexpr int kFullOffset = kStagesEnd;  // kStages mbarriers (tile images only)
   static constexpr int kEmptyOffset = kFullOffset + 8 * kStages;  // kStages more
   static constexpr int kBarrierBytes = kKVImages ? 2 * 8 * kStages : 0;
   static constexpr int kOOffset = kKOffset;
-  static constexpr int kSmemBytes = kFullOffset + kBarrierBytes;
+  static constexpr int kSmemBytes = kStagesEnd + kBarrierBytes;
   static_assert(kWarpgroups * OTile::kBytes <= kStagesEnd - kKOffset, "staging fits");
   // The swizzle atoms of the tiles (8 rows) start at multiples of 1024 bytes.
   static_assert(kKOffset % 1024 == 0 && kVOffset % 1024 == 0 && KTile::kBytes % 1024 == 0 &&
-                    VTile::kBytes % 1024 == 0 && kOnesOffset % 1024 == 0,
+                    VTile::kBytes % 1024 == 0,
                 "K / V tiles aligned to their swizzle atoms");
   // Step j's tiles are in stage j & kStageMask, at (j & kStageMask) * kKStageStride from the K
   // stage base and (j & kStageMask) * kVStageStride from the V one. (The kernel writes these
@@ -290,38 +274,6 @@ __device__ __forceinline__ bool warpgroup_sync_or(int wg, bool pred) {
   }
 }
 
-// Four registers of bf16 / fp16 pairs times `scale`, rounded to the same type.
-template <DType kDtype>
-__device__ __forceinline__ void scale_pairs(uint32_t (&v)[4], float scale) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    float lo, hi;
-    if constexpr (kDtype == DType::kBFloat16) {
-      lo = __uint_as_float(v[i] << 16);
-      hi = __uint_as_float(v[i] & 0xFFFF0000u);
-    } else {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&v[i]));
-      lo = f.x;
-      hi = f.y;
-    }
-    v[i] = pack2<kDtype>(lo * scale, hi * scale);
-  }
-}
-
-// The 32 bits of an A fragment register (columns 2t, 2t + 1 of one row) that put x into the
-// row's columns 0 .. 2 as three bf16 terms whose sum is x exactly (each takes the rounding
-// error of the ones before; 8 significant bits each cover fp32's 24): (hi, mid) in lane t = 0,
-// (lo, 0) in lane t = 1, zeros in the others. x = +-inf gives NaN terms, so that the row's
-// scores come out NaN, as 2^(s - inf) with an infinite s does.
-__device__ __forceinline__ uint32_t offset_terms(float x, int t) {
-  const float hi = __bfloat162float(__float2bfloat16_rn(x));
-  const float r1 = x - hi;
-  const float mid = __bfloat162float(__float2bfloat16_rn(r1));
-  const float lo = r1 - mid;
-  return t == 0 ? pack2<DType::kBFloat16>(hi, mid)
-                : (t == 1 ? pack2<DType::kBFloat16>(lo, 0.f) : 0u);
-}
-
 // %laneid, read where it is used (volatile: not hoisted or merged with threadIdx.x % 32).
 __device__ __forceinline__ int lane_id() {
   int lane;
@@ -361,7 +313,6 @@ __global__ void __launch_bounds__(
   const uint32_t sQ = smem_base + Tr::kQOffset + wg * QTile::kBytes;
   const uint32_t sK = smem_base + Tr::kKOffset;
   const uint32_t sV = smem_base + Tr::kVOffset;
-  const uint32_t sOnes = smem_base + Tr::kOnesOffset;
   // The swizzle atoms must be where wgmma expects them; a misplaced window would give wrong
   // products, so fail loudly instead (the runtime has always placed it at a multiple of 1 KB).
   if (smem_base % 1024 != 0) __trap();
@@ -469,15 +420,6 @@ __global__ void __launch_bounds__(
       }
       wgmma::fence_proxy_async_shared();  // ordered before the bulk copies that overwrite them
     }
-    if constexpr (Tr::kOffsetInProduct) {
-      const uint32_t ones = 0x3F803F80u;  // two bf16 1.0
-      for (int i = tid; i < Tr::kOnesBytes / 16; i += Tr::kCtaThreads) {
-        asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(sOnes + 16 * i),
-                     "r"(ones)
-                     : "memory");
-      }
-      wgmma::fence_proxy_async_shared();  // read by wgmma after the barriers below
-    }
     // A warpgroup wholly past N (in the last CTA) copies zeros from a valid address.
     const bool any_rows = m0 < N;
     src.q_copier.copy(sQ, src.q_at(any_rows ? m0 : 0), any_rows ? N - m0 : 0);
@@ -502,38 +444,9 @@ __global__ void __launch_bounds__(
     __syncthreads();
   }
 
-  // kOffsetInProduct: the scale of the scores is applied to Q once, in shared memory (rounded to
-  // bf16, as eager attention rounds its scores), rather than to every score; S then reads Q
-  // from there, which leaves the registers of its fragments to the offsets' A fragment
-  // (set_offsets fills it).
-  if constexpr (Tr::kOffsetInProduct) {
-    for (int i = tid; i < kWarpgroups * QTile::kBytes / 16; i += Tr::kCtaThreads) {
-      const uint32_t addr = smem_base + Tr::kQOffset + 16 * i;
-      uint32_t v[4];
-      asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=r"(v[0]), "=r"(v[1]), "=r"(v[2]), "=r"(v[3])
-                   : "r"(addr));
-      scale_pairs<kDtype>(v, scale_log2);
-      asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v[0]),
-                   "r"(v[1]), "r"(v[2]), "r"(v[3])
-                   : "memory");
-    }
-    wgmma::fence_proxy_async_shared();
-    __syncthreads();
-  }
-  const float score_scale = Tr::kOffsetInProduct ? 1.f : scale_log2;
-  // Zeros that the compiler cannot see as one value: a wgmma's A registers given the same
-  // register twice make ptxas copy them with the pipeline stopped (C7519), and serialize all.
-  uint32_t offset_frag[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) asm volatile("mov.b32 %0, 0;\n" : "=r"(offset_frag[i]));
-  const uint64_t ones_desc = KOp::descriptor(sOnes);
-  using QOp = wgmma::OperandB<QTile, !kCF>;  // Q as an M-major (channel-first) A operand
-  const uint64_t q_desc = QOp::descriptor(sQ);
-  // Q fragments (A operand, 16 rows of this warp x kDk), as in the mma.sync kernel; with
-  // kOffsetInProduct only the per-warp redo loads them, when it runs.
+  // Q fragments (A operand, 16 rows of this warp x kDk), as in the mma.sync kernel.
   uint32_t qf[kKSteps][4];
-  if constexpr (!Tr::kOffsetInProduct) load_a_fragments<QTile, kCF>(qf, sQ, warp, lane);
+  load_a_fragments<QTile, kCF>(qf, sQ, warp, lane);
 
   const uint64_t k_desc = KOp::descriptor(sK);
   const uint64_t v_desc = VOp::descriptor(sV);
@@ -547,24 +460,11 @@ __global__ void __launch_bounds__(
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
         const uint64_t dk = desc + KOp::advance(kk * KOp::kKStepBytes);
-        if constexpr (Tr::kOffsetInProduct) {
-          static_assert(kCF, "Q as an M-major A operand");
-          const uint64_t dq = q_desc + QOp::advance(kk * QOp::kKStepBytes);
-          if (kk == 0) {
-            wgmma::mma_m64n64k16_ss<kDtype, false, QOp::kTranspose, KOp::kTranspose>(su, dq, dk);
-          } else {
-            wgmma::mma_m64n64k16_ss<kDtype, true, QOp::kTranspose, KOp::kTranspose>(su, dq, dk);
-          }
-        } else if (kk == 0) {
+        if (kk == 0) {
           wgmma::mma_m64n64k16<kDtype, false, KOp::kTranspose>(su, qf[kk], dk);
         } else {
           wgmma::mma_m64n64k16<kDtype, true, KOp::kTranspose>(su, qf[kk], dk);
         }
-      }
-      // The offsets last: first, as the product that zeroes S, ptxas serializes every wgmma
-      // of the kernel (C7514 with nvcc 13.0).
-      if constexpr (Tr::kOffsetInProduct) {
-        wgmma::mma_m64n64k16<kDtype, true, KOp::kTranspose>(su, offset_frag, ones_desc);
       }
     }
     wgmma::commit_group();
@@ -646,18 +546,13 @@ __global__ void __launch_bounds__(
   wgmma::pin(s);
   mma_softmax::mask_keys_from(s, 0, N, t);
   mma_softmax::softmax_probabilities<kSTiles, false, Tr::kSumTree>(s, row_max, row_sum,
-                                                                  score_scale, alpha);  // o = 0
+                                                                  scale_log2, alpha);  // o = 0
 
   uint32_t pf[kPVSteps][4];
   // The reference max: the first tile's. The steps pack P as they finish.
   auto set_offsets = [&] {
 #pragma unroll
     for (int r = 0; r < 2; ++r) neg_m[r] = row_max[r] == -INFINITY ? 0.f : -row_max[r];
-    if constexpr (Tr::kOffsetInProduct) {
-      // Row g's terms in a[0], row g + 8's in a[1], columns 2t, 2t + 1: lanes t = 0 and 1.
-      offset_frag[0] = offset_terms(neg_m[0], t);
-      offset_frag[1] = offset_terms(neg_m[1], t);
-    }
   };
   set_offsets();
   pack_p(s, pf);
@@ -666,7 +561,7 @@ __global__ void __launch_bounds__(
   auto take_lazy_max = [&](int i, auto is_last) {
     if constexpr (decltype(is_last)::value) mma_softmax::mask_keys_past(s, i * kBlockN, N, t);
     mma_softmax::softmax_probabilities<kSTiles, true, Tr::kSumTree>(s, row_max, row_sum,
-                                                                    score_scale, alpha);
+                                                                    scale_log2, alpha);
     set_offsets();
     mma_softmax::rescale_rows(o, alpha);
     pack_p(s, pf);
@@ -715,7 +610,6 @@ __global__ void __launch_bounds__(
     // The lane index read again here keeps ptxas from computing this rare path's ldmatrix
     // addresses ahead of the loop, where they took registers (and spilled, at 168).
     const int lane_here = lane_id();
-    if constexpr (Tr::kOffsetInProduct) load_a_fragments<QTile, kCF>(qf, sQ, warp, lane_here);
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
       auto& su = *reinterpret_cast<float(*)[kTileN / 8][4]>(&s[u * kTileN / 8]);
@@ -759,8 +653,7 @@ __global__ void __launch_bounds__(
     wgmma::wait_group<1>();
     wgmma::pin(s);
     if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
-    mma_softmax::exponentiate<kSTiles, Tr::kSumTree, Tr::kOffsetInProduct>(s, neg_m,
-                                                                            score_scale, sums);
+    mma_softmax::exponentiate<kSTiles, Tr::kSumTree>(s, neg_m, scale_log2, sums);
     if constexpr (Tr::kEarlySums) asm volatile("" : "+f"(sums[0]), "+f"(sums[1]));
     wgmma::wait_group<0>();  // P_{j-1} V_{j-1} is done with pf
     wgmma::pin(o);

@@ -94,18 +94,15 @@ __device__ __forceinline__ void update_row_max(const float (&s)[kTiles][4], int 
 // Its second half: row r of s becomes 2^(s * scale_log2 + neg_m); returns this lane's sum of it,
 // accumulated in order (from the first pair: 0 + x would be one more dependent FADD, and gives
 // x for every x >= +0) or, with kSumTree, as a tree (depth log2(2 kTiles) instead of kTiles
-// dependent FADDs; the kernels measure which suits them). kOffsetScores: s already holds
-// s * scale_log2 + neg_m (a kernel whose product adds the offsets), so each probability is the
-// MUFU ex2 alone and neg_m, scale_log2 are not read.
-template <int kTiles, bool kSumTree = false, bool kOffsetScores = false>
+// dependent FADDs; the kernels measure which suits them).
+template <int kTiles, bool kSumTree = false>
 __device__ __forceinline__ float exponentiate_row(float (&s)[kTiles][4], int r, float neg_m,
                                                   float scale_log2) {
-  auto arg = [&](float x) { return kOffsetScores ? x : fmaf(x, scale_log2, neg_m); };
   float sum[kTiles];  // the pairs' sums for the tree; sum[0] alone for the chain
 #pragma unroll
   for (int i = 0; i < kTiles; ++i) {
-    s[i][2 * r] = ex2(arg(s[i][2 * r]));
-    s[i][2 * r + 1] = ex2(arg(s[i][2 * r + 1]));
+    s[i][2 * r] = ex2(fmaf(s[i][2 * r], scale_log2, neg_m));
+    s[i][2 * r + 1] = ex2(fmaf(s[i][2 * r + 1], scale_log2, neg_m));
     const float pair = s[i][2 * r] + s[i][2 * r + 1];
     if constexpr (kSumTree) {
       sum[i] = pair;
@@ -130,14 +127,13 @@ __device__ __forceinline__ void softmax_probabilities(float (&s)[kTiles][4], flo
   }
 }
 
-// Both rows' exponentials against given offsets (or, with kOffsetScores, offsets the scores
-// already hold), without a max: this lane's row sums of them.
-template <int kTiles, bool kSumTree = false, bool kOffsetScores = false>
+// Both rows' exponentials against given offsets, without a max: this lane's row sums of them.
+template <int kTiles, bool kSumTree = false>
 __device__ __forceinline__ void exponentiate(float (&s)[kTiles][4], const float (&neg_m)[2],
                                              float scale_log2, float (&sums)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r)
-    sums[r] = exponentiate_row<kTiles, kSumTree, kOffsetScores>(s, r, neg_m[r], scale_log2);
+    sums[r] = exponentiate_row<kTiles, kSumTree>(s, r, neg_m[r], scale_log2);
 }
 
 // Rows g and g + 8 of an accumulator of C fragments (16 rows x 8 * kOTiles) times alpha.
