@@ -136,35 +136,55 @@ def run_peer(name, case, mode, q, k, v, dout, ref, cfg):
 STEP_WARMUP = 20
 STEP_TARGET_S = 0.2
 STEP_REPEATS = 5
+STEP_PEERS = ("ours", "sdpa", "eager")
 
 
 def eager_step_row(case, qkv, H, dout, cfg):
-    """Wall clock of a whole autograd step: ours vs SDPA auto vs the eager block."""
-    res, notes = {}, []
-    for name in ("ours", "sdpa", "eager"):
+    """Wall clock of a whole autograd step: ours vs SDPA auto vs the eager block.
+
+    At small shapes every step is host-bound, and the host's speed drifts over seconds. So the
+    three take turns: each of STEP_REPEATS rounds times each of them once (a loop of at least
+    STEP_TARGET_S), a time is the median over the rounds and a ratio the median of the rounds'
+    own ratios, which a drift between rounds does not bias."""
+    steps, notes = {}, []
+
+    def failed(name, e):
+        steps.pop(name, None)
+        notes.append(f"{name}: {'OOM' if is_oom(e) else short_error(e)}")
+        free(case.device)
+
+    for name in STEP_PEERS:
         try:
             fn = peers.build(name, case)[0].fn
             leaf = qkv.detach().requires_grad_(True)
 
-            def step():
+            def step(fn=fn, leaf=leaf):
                 q, k, v = split_views(leaf, H, case.dk, case.dv)
                 fn(q, k, v).backward(dout)
                 leaf.grad = None   # as optimizer.zero_grad() does
-            # Host-bound at small shapes: a short loop would mostly time its first calls and
-            # the final sync, so every repeat runs at least STEP_TARGET_S of steps.
+            # A short loop would mostly time its first calls and the final sync.
             for _ in range(max(cfg.warmup, STEP_WARMUP)):
                 step()
             est = timing.host_time(step, case.device, 1)
-            n = timing.iters_for(est, max(cfg.target_s, STEP_TARGET_S))
-            res[name] = statistics.median(timing.host_time(step, case.device, n)
-                                          for _ in range(STEP_REPEATS)) * 1e6
+            steps[name] = (step, timing.iters_for(est, max(cfg.target_s, STEP_TARGET_S)))
         except Exception as e:  # noqa: BLE001
-            res[name] = None
-            notes.append(f"{name}: {'OOM' if is_oom(e) else short_error(e)}")
-        finally:
-            free(case.device)
-    ours = res["ours"]
-    return dict(ours_us=ours, sdpa_us=res["sdpa"], eager_us=res["eager"],
-                sdpa_over_ours=res["sdpa"] / ours if ours and res["sdpa"] else None,
-                eager_over_ours=res["eager"] / ours if ours and res["eager"] else None,
+            failed(name, e)
+    times = {name: [] for name in steps}
+    for _ in range(STEP_REPEATS):
+        for name, (step, n) in list(steps.items()):
+            try:
+                times[name].append(timing.host_time(step, case.device, n) * 1e6)
+            except Exception as e:  # noqa: BLE001
+                failed(name, e)
+    steps.clear()
+    free(case.device)
+    us = {name: statistics.median(times[name]) if name in times and len(times[name]) == STEP_REPEATS
+          else None for name in STEP_PEERS}
+
+    def over_ours(name):
+        if us["ours"] is None or us[name] is None:
+            return None
+        return statistics.median(a / b for a, b in zip(times[name], times["ours"]))
+    return dict(ours_us=us["ours"], sdpa_us=us["sdpa"], eager_us=us["eager"],
+                sdpa_over_ours=over_ours("sdpa"), eager_over_ours=over_ours("eager"),
                 note="; ".join(notes))

@@ -155,7 +155,9 @@ def markdown(doc):
                  for s in doc["eager_step"]]
         parts += ["", "## eager training step (wall clock)", "",
                   "qkv leaf → split views → attention → `out.backward(dout)` → qkv.grad, "
-                  "per step, synchronised loop; SDPA auto pays its layout copies.", "",
+                  "per step, synchronised loop; SDPA auto pays its layout copies. The three "
+                  "take turns, round by round; a time is the median over the rounds, a ratio the "
+                  "median of the rounds' ratios.", "",
                   _table(["shape", "dtype", "ours us", "SDPA auto us", "eager us",
                           "SDPA/ours", "eager/ours", "note"], lines)]
     parts += ["", short(doc["summary"])]
