@@ -118,6 +118,16 @@
 // two waits (and the P V wait after 8 more), as it does with one wait; an empty asm on the
 // first half's sums is no instruction to it. A wait predicated on those sums (always true)
 // kept it in place but made ptxas wait after every wgmma of the kernel.
+// Tried on "cft3" (bf16), measured and not kept (e1613cc; bench/tune/tune_fwd.cu, two
+// alternating runs, offset_ab.txt in bench/results/h200-2026-12-03-e1613cc): the exponentials'
+// offsets added by the product, so that a probability is one MUFU ex2 with no FFMA (64 fewer
+// per thread and step). Q was scaled by scale log2(e) once, in shared memory, and S read it from
+// there (an SS wgmma), plus one k16 step of A = -m as three exact bf16 terms and B = ones.
+// 1.01-1.03x at 1,2,62500, 1.03-1.04x at 2,2,31250, 0.99-1.02x at 8,4,6400: too little for what
+// it costs, which is Q rounded to bf16 after scaling, so that lse moves by that rounding (up to
+// about 2^-9 of the scores) and the backward's P, recomputed from exact scores, with it. (With
+// the offsets' wgmma first in the group, as the one that zeroes S, ptxas serialized every wgmma
+// of the kernel, C7514; last, it did not.)
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
