@@ -7,6 +7,7 @@
 
 #include "flash_fwd_f32_instances.h"
 #include "fwd_dispatch_common.h"
+#include "kv_split_scratch.h"
 #include "launchers.h"
 #include "sm90_device.h"
 
@@ -58,7 +59,7 @@ int flash_fwd_f32_kv_splits(const FwdParams& p) {
 }
 
 size_t flash_fwd_f32_split_scratch_bytes(const FwdParams& p, int kv_splits) {
-  return size_t(kv_splits) * p.batch * p.heads * p.seqlen * (p.head_dim_v + 1) * sizeof(float);
+  return size_t(KvSplitScratch(p, kv_splits).floats()) * sizeof(float);
 }
 
 void flash_fwd_f32(const FwdParams& p, cudaStream_t stream) {

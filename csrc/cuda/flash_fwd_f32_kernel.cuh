@@ -45,6 +45,7 @@
 #include <type_traits>
 
 #include "attention_params.h"
+#include "kv_split_scratch.h"
 #include "launch_util.h"
 
 namespace psa_fa2 {
@@ -127,10 +128,16 @@ __device__ __forceinline__ int block_bh() {
     return blockIdx.y;
   }
 }
-// The CTA's key split count and first query row (FwdParams::kv_splits), from blockIdx.x and
-// gridDim.x (row tiles times splits), likewise re-read opaquely in the epilogue.
+// The CTA's key split count, its split and its first query row (FwdParams::kv_splits; the grid
+// is that many times the row tiles, CTA blockIdx.x = row tile * splits + split), from
+// blockIdx.x and gridDim.x, likewise re-read opaquely in the epilogue.
 struct RowTileSplit {
-  int splits, m0;
+  int splits, split, m0;
+  // The split's key tiles [first, last) of the row's n_tiles (at least one: the dispatch keeps
+  // splits <= n_tiles).
+  __device__ __forceinline__ int2 key_tiles(int n_tiles) const {
+    return {split * n_tiles / splits, (split + 1) * n_tiles / splits};
+  }
 };
 template <bool kOpaque>
 __device__ __forceinline__ RowTileSplit row_tile_split(int seqlen) {
@@ -140,7 +147,7 @@ __device__ __forceinline__ RowTileSplit row_tile_split(int seqlen) {
     asm volatile("mov.u32 %0, %%nctaid.x;\n" : "=r"(nx));
   }
   const int splits = static_cast<int>(nx) / ((seqlen + kBlockM - 1) / kBlockM);
-  return {splits, static_cast<int>(x) / splits * kBlockM};
+  return {splits, static_cast<int>(x) % splits, static_cast<int>(x) / splits * kBlockM};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -400,22 +407,19 @@ struct F32TileSources {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Key splits (FwdParams::kv_splits): scratch of kv_splits * B * H * N * (dv + 1) floats, the
-// splits' normalized outputs [split][batch * heads][dv][N], then their row sums as log2 of
-// sum_j 2^(s_j * scale log2 e) [split][batch * heads][N].
+// Key splits (FwdParams::kv_splits; the scratch's layout is kv_split_scratch.h)
 // ---------------------------------------------------------------------------------------------
-// Where this CTA's split (blockIdx.x % splits) leaves its rows: its row sums' log2 ([B * H][N])
-// and its normalized output ([B * H][dv][N]).
+// Where a CTA's split leaves the rows of its (batch, head) bh: row n's log2 row sum at lse2[n],
+// channel c of its normalized output at out[c * N + n].
 struct SplitPart {
   float* lse2;
   float* out;
 };
-__device__ __forceinline__ SplitPart split_part(const FwdParams& p, int splits) {
-  const int64_t split_rows = static_cast<int64_t>(p.batch) * p.heads * p.seqlen;
-  const int64_t split = blockIdx.x % splits;
+__device__ __forceinline__ SplitPart split_part(const FwdParams& p, const RowTileSplit& tile,
+                                                int bh) {
+  const KvSplitScratch layout(p, tile.splits);
   float* const scratch = static_cast<float*>(p.kv_split_scratch);
-  return {scratch + (splits * p.head_dim_v + split) * split_rows,
-          scratch + split * split_rows * p.head_dim_v};
+  return {scratch + layout.lse2_at(tile.split, bh, 0), scratch + layout.out_at(tile.split, bh, 0)};
 }
 
 // out and lse of row n of (batch, head) bh from the splits': each split's output weighted by
@@ -437,15 +441,13 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kv_splits(const FwdPa
   const int bh = blockIdx.y;
   if (n >= N) return;
   const int splits = p.kv_splits;
-  const int64_t split_rows = static_cast<int64_t>(p.batch) * p.heads * N;
-  const int64_t row = static_cast<int64_t>(bh) * N + n;
-  const float* const lse2 =
-      static_cast<const float*>(p.kv_split_scratch) + splits * split_rows * kDv;
+  const KvSplitScratch layout(p, splits);
+  const float* const scratch = static_cast<const float*>(p.kv_split_scratch);
   float w[kMaxKvSplits];
   float m = -INFINITY;
 #pragma unroll
   for (int s = 0; s < kMaxKvSplits; ++s) {
-    w[s] = s < splits ? lse2[s * split_rows + row] : -INFINITY;
+    w[s] = s < splits ? scratch[layout.lse2_at(s, bh, n)] : -INFINITY;
     m = fmaxf(m, w[s]);  // NaN shares are not the max; they make the row NaN below
   }
   float total = 0.f;
@@ -460,17 +462,18 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kv_splits(const FwdPa
   const int b = bh / p.heads, h = bh % p.heads;
   float* const out = static_cast<float*>(p.out.ptr) + b * p.out.stride_b + h * p.out.stride_h +
                      n * p.out.stride_n;
-  // The splits' outputs of this (batch, head): [split][c][n], splits split_rows * kDv apart;
-  // splits past the last read the last one's (in bounds, without a share).
-  const float* const parts =
-      static_cast<const float*>(p.kv_split_scratch) + static_cast<int64_t>(bh) * N * kDv + n;
+  // The splits' outputs of this row, channel 0 (channels N apart); splits past the last read
+  // the last one's (in bounds, without a share).
+  const float* part[kMaxKvSplits];
+#pragma unroll
+  for (int s = 0; s < kMaxKvSplits; ++s) {
+    part[s] = scratch + layout.out_at(s < splits ? s : splits - 1, bh, n);
+  }
 #pragma unroll 4
   for (int c = group * kChannels; c < (group + 1) * kChannels; ++c) {
     float x[kMaxKvSplits];
 #pragma unroll
-    for (int s = 0; s < kMaxKvSplits; ++s) {
-      x[s] = parts[(s < splits ? s : splits - 1) * split_rows * kDv + int64_t(c) * N];
-    }
+    for (int s = 0; s < kMaxKvSplits; ++s) x[s] = part[s][int64_t(c) * N];
     float acc = 0.f;
 #pragma unroll
     for (int s = 0; s < kMaxKvSplits; ++s) {
@@ -478,7 +481,10 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kv_splits(const FwdPa
     }
     out[c * p.out.stride_d] = acc * inv_total;
   }
-  if (group == 0) static_cast<float*>(p.lse)[row] = (m + log2f(total)) * 0.6931471805599453f;
+  if (group == 0) {
+    static_cast<float*>(p.lse)[static_cast<int64_t>(bh) * N + n] =
+        (m + log2f(total)) * 0.6931471805599453f;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -507,16 +513,12 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   const int bh = block_bh<false>();
   const int b = bh / params.heads;
   const int h = bh % params.heads;
-  // With key splits (FwdParams::kv_splits; the grid is that many times the row tiles), CTAs
-  // blockIdx.x = tile * splits + split share row tile `tile`, each taking the key tiles
-  // [j_begin, j_end) (at least one: the dispatch keeps splits <= tiles).
-  const auto [splits, m0] = row_tile_split<false>(N);
-  const int split = blockIdx.x % splits;
+  // With key splits, the CTAs of a row tile each take a run of its key tiles.
+  const RowTileSplit tile = row_tile_split<false>(N);
+  const int m0 = tile.m0;
+  const auto [j_begin, j_end] = tile.key_tiles((N + kBlockN - 1) / kBlockN);
 
   const F32TileSources<Tr> src(params, b, h);
-
-  const int n_tiles = (N + kBlockN - 1) / kBlockN;
-  const int j_begin = split * n_tiles / splits, j_end = (split + 1) * n_tiles / splits;
 
   // Prologue: Q and the first K/V tile, one cp.async group.
   src.copy_q(sQ, m0, tid, params);
@@ -654,9 +656,11 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   const int b_e = bh_e / params.heads;
   const int h_e = bh_e % params.heads;
   float inv_l[4];
-  const auto [splits_e, m0_e] = row_tile_split<true>(N);
-  const int n_base = m0_e + warp * kRowsPerWarp + ty * 4;  // rows n_base + i
-  const SplitPart part = splits_e > 1 ? split_part(params, splits_e) : SplitPart{nullptr, nullptr};
+  const RowTileSplit tile_e = row_tile_split<true>(N);
+  const int splits_e = tile_e.splits;
+  const int n_base = tile_e.m0 + warp * kRowsPerWarp + ty * 4;  // rows n_base + i
+  const SplitPart part =
+      splits_e > 1 ? split_part(params, tile_e, bh_e) : SplitPart{nullptr, nullptr};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float l = row_sum[i];
@@ -671,7 +675,7 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
       // split leaves it in log2 units for combine_kv_splits.
       const float lse2 = row_max[i] + log2f(l);
       if (splits_e > 1) {
-        part.lse2[static_cast<int64_t>(bh_e) * N + n] = lse2;
+        part.lse2[n] = lse2;
       } else {
         static_cast<float*>(params.lse)[static_cast<int64_t>(bh_e) * N + n] =
             lse2 * 0.6931471805599453f;
@@ -681,7 +685,7 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   if (splits_e > 1) {
     // This split's normalized output, [c][n] per (batch, head): combine_kv_splits reads a
     // channel of consecutive rows per warp.
-    float* const o_part = part.out + static_cast<int64_t>(bh_e) * N * kDv;
+    float* const o_part = part.out;
 #pragma unroll
     for (int c = 0; c < kTV; ++c) {
 #pragma unroll

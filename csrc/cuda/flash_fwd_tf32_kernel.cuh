@@ -82,16 +82,13 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   const int bh = block_bh<false>();
   const int b = bh / params.heads;
   const int h = bh % params.heads;
-  // Key splits as in the exact kernel: CTA blockIdx.x = tile * splits + split takes the key
-  // tiles [j_begin, j_end) of row tile `tile`.
-  const auto [splits, m0] = row_tile_split<false>(N);
-  const int split = blockIdx.x % splits;
+  // Key splits as in the exact kernel.
+  const RowTileSplit tile = row_tile_split<false>(N);
+  const int m0 = tile.m0;
+  const auto [j_begin, j_end] = tile.key_tiles((N + kBlockN - 1) / kBlockN);
 
   const F32TileSources<Tr> src(params, b, h);
   auto to_tf32 = [](float& x) { x = round_to_tf32(x); };
-
-  const int n_tiles = (N + kBlockN - 1) / kBlockN;
-  const int j_begin = split * n_tiles / splits, j_end = (split + 1) * n_tiles / splits;
 
   src.copy_q(sQ, m0, tid, params);
   src.copy_kv(sK + (j_begin & 1) * Tr::kKFloats, sV + (j_begin & 1) * Tr::kVFloats,
@@ -171,8 +168,10 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   const int bh_e = block_bh<true>();
   const int b_e = bh_e / params.heads;
   const int h_e = bh_e % params.heads;
-  const auto [splits_e, m0_e] = row_tile_split<true>(N);
-  const SplitPart part = splits_e > 1 ? split_part(params, splits_e) : SplitPart{nullptr, nullptr};
+  const RowTileSplit tile_e = row_tile_split<true>(N);
+  const int splits_e = tile_e.splits, m0_e = tile_e.m0;
+  const SplitPart part =
+      splits_e > 1 ? split_part(params, tile_e, bh_e) : SplitPart{nullptr, nullptr};
   float* const out_head =
       static_cast<float*>(params.out.ptr) + b_e * params.out.stride_b + h_e * params.out.stride_h;
 #pragma unroll
@@ -187,8 +186,8 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
     if (splits_e > 1) {
       // This split's row sum (log2 units) and normalized output ([c][n] per (batch, head)),
       // for combine_kv_splits.
-      if (t == 0) part.lse2[static_cast<int64_t>(bh_e) * N + n] = row_max[r] + log2f(l);
-      float* const o_part = part.out + static_cast<int64_t>(bh_e) * N * kDv + n;
+      if (t == 0) part.lse2[n] = row_max[r] + log2f(l);
+      float* const o_part = part.out + n;
 #pragma unroll
       for (int c = 0; c < kOTiles; ++c) {
         const int ch = c * 8 + 2 * t;
