@@ -144,8 +144,8 @@ def eager_step_row(case, qkv, H, dout, cfg):
 
     At small shapes every step is host-bound, and the host's speed drifts over seconds. So the
     three take turns: each of STEP_REPEATS rounds times each of them once (a loop of at least
-    STEP_TARGET_S), a time is the median over the rounds and a ratio the median of the rounds'
-    own ratios, which a drift between rounds does not bias."""
+    STEP_TARGET_S), so that a drift slows all three alike; a time is the median over the
+    rounds (each round's times are in the row too)."""
     steps, notes = {}, []
 
     def failed(name, e):
@@ -182,9 +182,7 @@ def eager_step_row(case, qkv, H, dout, cfg):
           else None for name in STEP_PEERS}
 
     def over_ours(name):
-        if us["ours"] is None or us[name] is None:
-            return None
-        return statistics.median(a / b for a, b in zip(times[name], times["ours"]))
+        return us[name] / us["ours"] if us["ours"] and us[name] else None
     return dict(ours_us=us["ours"], sdpa_us=us["sdpa"], eager_us=us["eager"],
                 sdpa_over_ours=over_ours("sdpa"), eager_over_ours=over_ours("eager"),
-                note="; ".join(notes))
+                rounds_us=times, note="; ".join(notes))

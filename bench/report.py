@@ -156,8 +156,7 @@ def markdown(doc):
         parts += ["", "## eager training step (wall clock)", "",
                   "qkv leaf → split views → attention → `out.backward(dout)` → qkv.grad, "
                   "per step, synchronised loop; SDPA auto pays its layout copies. The three "
-                  "take turns, round by round; a time is the median over the rounds, a ratio the "
-                  "median of the rounds' ratios.", "",
+                  "take turns, round by round; a time is the median over the rounds.", "",
                   _table(["shape", "dtype", "ours us", "SDPA auto us", "eager us",
                           "SDPA/ours", "eager/ours", "note"], lines)]
     parts += ["", short(doc["summary"])]

@@ -128,6 +128,10 @@
 // about 2^-9 of the scores) and the backward's P, recomputed from exact scores, with it. (With
 // the offsets' wgmma first in the group, as the one that zeroes S, ptxas serialized every wgmma
 // of the kernel, C7514; last, it did not.)
+// Also tried (fc75ef8, q_smem_ab.txt in bench/results/h200-2026-12-03-fc75ef8, two alternating
+// runs): S reading Q from its shared tile (SS wgmmas) rather than from the A fragments, which
+// frees their 8 registers; exact, and 0.90x on "cft3" at 1,2,62500 (3400 against 3064-3078 us),
+// 0.88x at 2,2,31250, 0.97x at 8,4,6400; "cft" within 1%.
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
@@ -179,14 +183,6 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   // pinned chain was not measured on it). The row kernels keep the chain after the vote:
   // pinned, 1.00-1.01x; as a tree, 0.98-0.99x.
   static constexpr bool kEarlySums = kKVImages;
-  // S reads Q from its shared tile (an SS wgmma) instead of the A fragments in registers
-  // (PSA_FA2_SM90_Q_FROM_SMEM, an experiment; the per-warp redo then loads the fragments it
-  // needs when it runs).
-#if defined(PSA_FA2_SM90_Q_FROM_SMEM)
-  static constexpr bool kQFromSmem = PSA_FA2_SM90_Q_FROM_SMEM;
-#else
-  static constexpr bool kQFromSmem = false;
-#endif
   static constexpr bool kSumTree = kKVVecBytes == kKVTileImages;
   // Tiles of 64 keys (one wgmma n64 / one 128-byte swizzle atom per row); one softmax step
   // takes kSubTiles of them: 2 in "cft3", else 1 (PSA_FA2_SM90_SUB_TILES, an experiment, sets
@@ -464,9 +460,7 @@ __global__ void __launch_bounds__(
 
   // Q fragments (A operand, 16 rows of this warp x kDk), as in the mma.sync kernel.
   uint32_t qf[kKSteps][4];
-  if constexpr (!Tr::kQFromSmem) load_a_fragments<QTile, kCF>(qf, sQ, warp, lane);
-  using QOp = wgmma::OperandB<QTile, !kCF>;  // kQFromSmem: Q as A, laid out as K is as B
-  const uint64_t q_desc = QOp::descriptor(sQ);
+  load_a_fragments<QTile, kCF>(qf, sQ, warp, lane);
 
   const uint64_t k_desc = KOp::descriptor(sK);
   const uint64_t v_desc = VOp::descriptor(sV);
@@ -480,19 +474,10 @@ __global__ void __launch_bounds__(
 #pragma unroll
       for (int kk = 0; kk < kKSteps; ++kk) {
         const uint64_t dk = desc + KOp::advance(kk * KOp::kKStepBytes);
-        const uint64_t dq = q_desc + QOp::advance(kk * QOp::kKStepBytes);
         if (kk == 0) {
-          if constexpr (Tr::kQFromSmem) {
-            wgmma::mma_m64n64k16_ss<kDtype, false, QOp::kTranspose, KOp::kTranspose>(su, dq, dk);
-          } else {
-            wgmma::mma_m64n64k16<kDtype, false, KOp::kTranspose>(su, qf[kk], dk);
-          }
+          wgmma::mma_m64n64k16<kDtype, false, KOp::kTranspose>(su, qf[kk], dk);
         } else {
-          if constexpr (Tr::kQFromSmem) {
-            wgmma::mma_m64n64k16_ss<kDtype, true, QOp::kTranspose, KOp::kTranspose>(su, dq, dk);
-          } else {
-            wgmma::mma_m64n64k16<kDtype, true, KOp::kTranspose>(su, qf[kk], dk);
-          }
+          wgmma::mma_m64n64k16<kDtype, true, KOp::kTranspose>(su, qf[kk], dk);
         }
       }
     }
@@ -639,7 +624,6 @@ __global__ void __launch_bounds__(
     // The lane index read again here keeps ptxas from computing this rare path's ldmatrix
     // addresses ahead of the loop, where they took registers (and spilled, at 168).
     const int lane_here = lane_id();
-    if constexpr (Tr::kQFromSmem) load_a_fragments<QTile, kCF>(qf, sQ, warp, lane_here);
 #pragma unroll
     for (int u = 0; u < kSub; ++u) {
       auto& su = *reinterpret_cast<float(*)[kTileN / 8][4]>(&s[u * kTileN / 8]);

@@ -1,8 +1,8 @@
 // Hopper warpgroup MMA (wgmma, sm_90a only) and the shared-memory operand layout it reads.
 //
 // Only what the Hopper kernels (flash_fwd_sm90_kernel.cuh, flash_bwd_sm90_kernel.cuh) need:
-// D(64 x n, fp32) += A(64 x 16, registers or shared memory) x B(16 x n, shared memory) for n = 64
-// and 32, bf16 / fp16, issued asynchronously by the 4 warps of a warpgroup. Callers must only instantiate
+// D(64 x n, fp32) += A(64 x 16, registers) x B(16 x n, shared memory) for n = 64 and 32, bf16 /
+// fp16, issued asynchronously by the 4 warps of a warpgroup. Callers must only instantiate
 // these on sm_90a (__CUDA_ARCH_FEAT_SM90_ALL).
 //
 // Register fragments are those of mma.sync m16n8k16, one 16-row block per warp of the
@@ -138,28 +138,6 @@ __device__ __forceinline__ void mma_m64n64k16(float (&d)[8][4], const uint32_t (
         : PSA_FA2_WGMMA_D32_OPERANDS(d)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(int(kAccumulate)),
           "n"(kTransposeB));
-  }
-}
-
-// The same with A read from shared memory too (descriptor a, kTransposeA as OperandB::kTranspose
-// of its tile: an M-major A tile is laid out as an N-major B tile, a K-major one as a K-major B).
-template <DType kDtype, bool kAccumulate, int kTransposeA, int kTransposeB>
-__device__ __forceinline__ void mma_m64n64k16_ss(float (&d)[8][4], uint64_t a, uint64_t b) {
-  static_assert(kDtype == DType::kBFloat16 || kDtype == DType::kFloat16, "16-bit inputs");
-  if constexpr (kDtype == DType::kBFloat16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " PSA_FA2_WGMMA_D32
-        ", %32, %33, p, 1, 1, %35, %36;\n}\n"
-        : PSA_FA2_WGMMA_D32_OPERANDS(d)
-        : "l"(a), "l"(b), "n"(int(kAccumulate)), "n"(kTransposeA), "n"(kTransposeB));
-  } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " PSA_FA2_WGMMA_D32
-        ", %32, %33, p, 1, 1, %35, %36;\n}\n"
-        : PSA_FA2_WGMMA_D32_OPERANDS(d)
-        : "l"(a), "l"(b), "n"(int(kAccumulate)), "n"(kTransposeA), "n"(kTransposeB));
   }
 }
 

@@ -1,0 +1,68 @@
+"""Device time per kernel of one call of ours, forward and forward + backward through autograd,
+on the block's split views (what the benchmark's "ours" rows sum), from the profiler:
+
+    python bench/tune/kernel_breakdown.py [--shapes 1x2x62500 8x4x6400] [--dtype bf16]
+"""
+import argparse
+import os
+import sys
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+import psa_fa2_ext  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+CALLS = 5
+
+
+def breakdown(B, H, N, dk, dv, dtype):
+    qkv = torch.randn(B, H * (2 * dk + dv), N, device="cuda", dtype=dtype, requires_grad=True)
+    dout = torch.randn(B, H, dv, N, device="cuda", dtype=dtype)
+
+    def views():
+        return qkv.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2)
+
+    def forward():
+        with torch.no_grad():
+            psa_fa2_ext.psa_attention(*views())
+
+    def forward_backward():
+        psa_fa2_ext.psa_attention(*views()).backward(dout)
+        qkv.grad = None
+
+    for mode, run in (("fwd", forward), ("fwd+bwd", forward_backward)):
+        for _ in range(3):
+            run()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(CALLS):
+                run()
+            torch.cuda.synchronize()
+        print(f"== {B}x{H}x{N} {mode}, per call")
+        events = [e for e in prof.key_averages() if e.device_time_total > 0]
+        total = 0.0
+        for e in sorted(events, key=lambda e: -e.device_time_total):
+            us = e.device_time_total / CALLS
+            total += us
+            print(f"  {us:10.1f} us  x{e.count // CALLS}  {e.key[:110]}")
+        print(f"  {total:10.1f} us  total")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--shapes", nargs="+", default=["1x2x62500", "8x4x6400"], metavar="BxHxN")
+    p.add_argument("--dtype", choices=DTYPES, default="bf16")
+    p.add_argument("--head-dims", default="32x64", metavar="DKxDV")
+    args = p.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("kernel_breakdown.py needs a CUDA GPU")
+    dk, dv = (int(x) for x in args.head_dims.split("x"))
+    for shape in args.shapes:
+        B, H, N = (int(x) for x in shape.split("x"))
+        breakdown(B, H, N, dk, dv, DTYPES[args.dtype])
+
+
+if __name__ == "__main__":
+    main()
