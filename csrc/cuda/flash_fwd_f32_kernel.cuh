@@ -15,10 +15,10 @@
 // many CTAs as fit the SMs once over (FwdParams::kv_splits, up to kMaxKvSplits), in both
 // kernels: each leaves its normalized output and row sum in scratch, and combine_kv_splits
 // weights them by their row sums into out and lse. On the H200 that took the exact kernel at
-// 1,4,400 from 41.4 to 23.4 us (7 CTAs per row tile; bench/results/h200-2026-12-03-e63c410);
-// the TF32 one, whose unsplit CTAs are short already, ran 16.3 us split against 16.7 unsplit
-// in an earlier run (h200-2026-12-03-f53b086 against h200-2026-12-02-9bf674f; not A/B'd in one
-// run, which PSA_FA2_DISABLE_F32_KV_SPLITS=1 allows).
+// 1,4,400 from 41.4 to 23.4 us (7 CTAs per row tile; bench/results/h200-2026-12-03-e63c410).
+// Both switched on and off in one run (PSA_FA2_DISABLE_F32_KV_SPLITS=1, two alternating runs,
+// bench/results/h200-2026-12-03-fc75ef8/f32_splits): at 1,4,400 exact 20.8 against 40.7 us,
+// TF32 13.7 against 16.9 us.
 //
 // Shared-memory tiles are stored in one canonical orientation whatever the global layout, every row
 // padded by kPad = 4 floats (keeps 16-byte alignment, and makes transposing 4-byte writes conflict
