@@ -685,13 +685,12 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   if (splits_e > 1) {
     // This split's normalized output, [c][n] per (batch, head): combine_kv_splits reads a
     // channel of consecutive rows per warp.
-    float* const o_part = part.out;
 #pragma unroll
     for (int c = 0; c < kTV; ++c) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if (n_base + i < N) {
-          o_part[static_cast<int64_t>(mcol<kTV>(tx, c)) * N + n_base + i] = o[i][c] * inv_l[i];
+          part.out[static_cast<int64_t>(mcol<kTV>(tx, c)) * N + n_base + i] = o[i][c] * inv_l[i];
         }
       }
     }
