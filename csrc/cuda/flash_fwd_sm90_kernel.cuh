@@ -132,6 +132,14 @@
 // runs): S reading Q from its shared tile (SS wgmmas) rather than from the A fragments, which
 // frees their 8 registers; exact, and 0.90x on "cft3" at 1,2,62500 (3400 against 3064-3078 us),
 // 0.88x at 2,2,31250, 0.97x at 8,4,6400; "cft" within 1%.
+// Also tried (aa2097c, split_pv_ab.txt in bench/results/h200-2026-12-03-aa2097c, three
+// alternating runs): P_{j-1} V_{j-1} issued in two parts, half with S_j and half after the first
+// half of S_j's exponentials (so that the other warpgroups' S products, issued meanwhile, would
+// queue behind half a P V only), or all of it after them. ptxas then spread the late wgmmas
+// among the exponentials and waited for P V after about 40 of them rather than 9. "cft3" ran
+// 0.86-0.88x at 1,2,62500 (3540 and 3490 against 3061-3073 us; fp16 alike), 0.89x / 0.93x at
+// 2,2,31250 and 0.93x at 8,4,6400; "cft" 0.99x / 1.00x. Not profiled; one likely cause is a warp
+// held at a wgmma it issues while the tensor pipe is busy, in the middle of its exponentials.
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
@@ -195,13 +203,6 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static constexpr int kSubTiles = kKVVecBytes == kKVTileImages3 ? 2 : 1;
 #endif
   static constexpr int kBlockN = kTileN * kSubTiles;  // keys per step
-  // P V issued in two parts around the first half of the exponentials (experiment): 0 off,
-  // 1 half of it with S and half after, 2 all of it after.
-#if defined(PSA_FA2_SM90_SPLIT_PV)
-  static constexpr int kSplitPV = kKVImages ? PSA_FA2_SM90_SPLIT_PV : 0;
-#else
-  static constexpr int kSplitPV = 0;
-#endif
   using QTile = typename Base::QTile;
   using OTile = typename Base::OTile;
   using KTile = std::conditional_t<kCF, SmemTile<kDk, kTileN>, SmemTile<kTileN, kDk>>;
@@ -490,12 +491,11 @@ __global__ void __launch_bounds__(
     }
     wgmma::commit_group();
   };
-  // O += P V_j, over the k16 steps [kk0, kk1) (all of them by default).
-  auto issue_pv_steps = [&](float (&o)[kOTiles][4], const uint32_t (&pf)[kPVSteps][4], int j,
-                            int kk0, int kk1) {
+  // O += P V_j.
+  auto issue_pv = [&](float (&o)[kOTiles][4], const uint32_t (&pf)[kPVSteps][4], int j) {
     constexpr int kStepsPerTile = kTileN / 16;
 #pragma unroll
-    for (int kk = kk0; kk < kk1; ++kk) {
+    for (int kk = 0; kk < kPVSteps; ++kk) {
       const int stage_bytes = (j & Tr::kStageMask) * Tr::kVStageStride;
       const uint32_t step_bytes =
           (kk / kStepsPerTile) * Tr::kVSubStride + (kk % kStepsPerTile) * VOp::kKStepBytes;
@@ -511,9 +511,6 @@ __global__ void __launch_bounds__(
       wgmma::mma_m64n64k16<kDtype, true, VOp::kTranspose>(o, pf[kk], desc);
     }
     wgmma::commit_group();
-  };
-  auto issue_pv = [&](float (&o)[kOTiles][4], const uint32_t (&pf)[kPVSteps][4], int j) {
-    issue_pv_steps(o, pf, j, 0, kPVSteps);
   };
   auto pack_p = [&](const float (&s)[kSTiles][4], uint32_t (&pf)[kPVSteps][4]) {
 #pragma unroll
@@ -673,38 +670,12 @@ __global__ void __launch_bounds__(
     wgmma::pin(o);
     wgmma::fence();
     issue_s(s, j);
-    if constexpr (Tr::kSplitPV != 0) {
-      // P_{j-1} V_{j-1} in two halves, the second issued after the first half of S_j's
-      // exponentials: S products of the other warpgroups, issued meanwhile, queue behind half
-      // a P V only.
-      constexpr int kHalfSteps = Tr::kSplitPV == 1 ? kPVSteps / 2 : 0;
-      constexpr int kHalfTiles = kSTiles / 2;
-      if constexpr (kHalfSteps > 0) {
-        issue_pv_steps(o, pf, j - 1, 0, kHalfSteps);
-        wgmma::wait_group<1>();
-      } else {
-        wgmma::wait_group<0>();
-      }
-      wgmma::pin(s);
-      if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
-      auto& s0 = *reinterpret_cast<float(*)[kHalfTiles][4]>(&s[0]);
-      auto& s1 = *reinterpret_cast<float(*)[kHalfTiles][4]>(&s[kHalfTiles]);
-      float sums1[2];
-      mma_softmax::exponentiate<kHalfTiles, Tr::kSumTree>(s0, neg_m, scale_log2, sums);
-      asm volatile("" : "+f"(sums[0]), "+f"(sums[1]));
-      wgmma::fence();  // ptxas would add it (C7519): the exponentials wrote registers
-      issue_pv_steps(o, pf, j - 1, kHalfSteps, kPVSteps);
-      mma_softmax::exponentiate<kHalfTiles, Tr::kSumTree>(s1, neg_m, scale_log2, sums1);
-      sums[0] += sums1[0];
-      sums[1] += sums1[1];
-    } else {
-      issue_pv(o, pf, j - 1);
-      // S_j landed; P_{j-1} V_{j-1} may still be in flight.
-      wgmma::wait_group<1>();
-      wgmma::pin(s);
-      if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
-      mma_softmax::exponentiate<kSTiles, Tr::kSumTree>(s, neg_m, scale_log2, sums);
-    }
+    issue_pv(o, pf, j - 1);
+    // S_j landed; P_{j-1} V_{j-1} may still be in flight.
+    wgmma::wait_group<1>();
+    wgmma::pin(s);
+    if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
+    mma_softmax::exponentiate<kSTiles, Tr::kSumTree>(s, neg_m, scale_log2, sums);
     if constexpr (Tr::kEarlySums) asm volatile("" : "+f"(sums[0]), "+f"(sums[1]));
     wgmma::wait_group<0>();  // P_{j-1} V_{j-1} is done with pf
     wgmma::pin(o);
