@@ -71,9 +71,6 @@
 #ifndef PSA_FA2_BWD90_EARLY_LSE
 #define PSA_FA2_BWD90_EARLY_LSE 1  // 1: read lse and D before the S^T / dP^T wgmmas, 0: after
 #endif
-#ifndef PSA_FA2_BWD90_STAGGER
-#define PSA_FA2_BWD90_STAGGER 0  // 1: each key tile starts its query stream at its own offset
-#endif
 #ifndef PSA_FA2_BWD90_DQ_CHAINS
 #define PSA_FA2_BWD90_DQ_CHAINS 1  // independent accumulator chains of the dQ MMAs (1 or 2;
                                    // 2 measured 0-5% slower, h200-2026-12-01-5bb34ec)
@@ -112,6 +109,14 @@
 //     12186 against 8700 at 1,2,62464; bench/results/h200-2026-12-02-c58f540). ptxas took 255
 //     registers with 84 bytes of spills and spread the dQ MMAs and reductions over the whole
 //     step up to its barrier, among the exponentials.
+//   - each key tile starting its query stream at its own offset (tile * steps / tiles, wrapping
+//     round), so that the CTAs running at once add into different rows of the dQ workspace
+//     rather than all into the same 64: 2.5-4% slower at all four shapes of
+//     bench/tune/tune_bwd.cu (8924-8936 against 8700-8709 us at 1,2,62464, 1554-1558 against
+//     1499-1510 at 8,4,6400; three alternating runs, bwd_stagger_ab.txt in
+//     bench/results/h200-2026-12-03-aa2097c). Not profiled: the reductions into the same rows
+//     evidently cost little, and the change also stops the CTAs of a head from reading the
+//     same Q / dO rows at the same time.
 
 namespace psa_fa2 {
 namespace fbwd_sm90 {
@@ -282,25 +287,12 @@ __global__ void __launch_bounds__(
       copier.copy(dst, src, n - str0);
     }
   };
-  // The CTA visits its steps in the order it_begin + (i + rot) % count, i = 0 .. count - 1:
-  // with PSA_FA2_BWD90_STAGGER the tiles of a head start at offsets spread over the stream, so
-  // that the CTAs running at once add into different rows of the dQ workspace.
-  const int count = it_end - it_begin;
-  const int rot = PSA_FA2_BWD90_STAGGER && count > 0
-                      ? int(int64_t(tile_x) * count / (split.pieces > 1 ? split.tiles : gridDim.x)) % count
-                      : 0;
-  auto step_at = [&](int i) {
-    if constexpr (!PSA_FA2_BWD90_STAGGER) return it_begin + i;
-    const int r = i + rot;
-    return it_begin + (r >= count ? r - count : r);
-  };
-  // The rows of the i-th step visited into stage i % kStages: warpgroup 0 copies Q, lse and D,
+  // Step `it`'s rows into stage (it - it_begin) % kStages: warpgroup 0 copies Q, lse and D,
   // warpgroup 1 dO. Past the last step it commits an empty group, so that the groups are the
   // steps' in order.
-  auto issue_stream = [&](int i) {
-    const int it = i < count ? step_at(i) : it_end;
+  auto issue_stream = [&](int it) {
     const int str0 = it * kBlockM;
-    const int stage = i % Tr::kStages;
+    const int stage = (it - it_begin) % Tr::kStages;
     if (it < it_end && wg == 0) {
       const ffwd::CopierFor<QTile, kCF, kStreamVecBytes> copier(wtid, row_stride(p.q));
       copy_rows(copier, sQ + stage * QTile::kBytes, p.q, str0);
@@ -329,8 +321,8 @@ __global__ void __launch_bounds__(
     k_copier.copy(sK, at(head(p.k), row_stride(p.k), first), valid);
     v_copier.copy(sV, at(head(p.v), row_stride(p.v), first), valid);
   }
-  issue_stream(0);  // one group with K and V
-  for (int i = 1; i < Tr::kStages - 1; ++i) issue_stream(i);
+  issue_stream(it_begin);  // one group with K and V
+  for (int i = 1; i < Tr::kStages - 1; ++i) issue_stream(it_begin + i);
   publish_copies<Tr::kStages - 2>();  // the younger steps' rows may stay in flight
 
   uint32_t kf[kDk / 16][4];  // A fragments of this warp's 16 keys
@@ -381,9 +373,9 @@ __global__ void __launch_bounds__(
   // One step: the 64 streamed rows at str0, in stage `stage`. kMasked: some owned key or some
   // streamed row is past N. The caller branches once per step, so the other steps carry no
   // range checks (ptxas would otherwise turn them into selects on every score).
-  auto step = [&](int i, int it, int stage, auto masked) {
+  auto step = [&](int it, int stage, auto masked) {
     const int str0 = it * kBlockM;
-    uint16_t* const ds_buf = sDS + (Tr::kDSBuffers == 2 ? (i & 1) * DSTile::kElems : 0);
+    uint16_t* const ds_buf = sDS + (Tr::kDSBuffers == 2 ? (it & 1) * DSTile::kElems : 0);
     constexpr bool kMasked = decltype(masked)::value;
     // -lse log2 e and D of the columns (query rows) 8j + 2t, 8j + 2t + 1 of this thread: read
     // before the wgmmas (PSA_FA2_BWD90_EARLY_LSE=1), which hides their latency behind them at
@@ -486,7 +478,7 @@ __global__ void __launch_bounds__(
     // which is refilled.
     if constexpr (Tr::kOneBarrier) {
       publish_copies<Tr::kStages - 3>();  // step it + 1's rows; younger ones may stay in flight
-      issue_stream(i + Tr::kStages - 1);
+      issue_stream(it + Tr::kStages - 1);
     } else {
       __syncthreads();
     }
@@ -533,23 +525,22 @@ __global__ void __launch_bounds__(
 
   const bool own_tail = own0 + Tr::kBlockN > n;
   int stage = 0;
-  for (int i = 0; i < count; ++i) {
-    const int it = step_at(i);
+  for (int it = it_begin; it < it_end; ++it) {
     const int str0 = it * kBlockM;
     if (!Tr::kOneBarrier) {
-      if (i > 0) {
+      if (it > it_begin) {
         // Step it's rows landed; every thread is past step it-1 (its dS^T reads, and the waits
         // on the wgmmas that read stage (it-1) % kStages = (it+kStages-1) % kStages), so that
         // stage may be refilled.
         publish_copies<Tr::kStages - 2>();
       }
-      issue_stream(i + Tr::kStages - 1);
+      issue_stream(it + Tr::kStages - 1);
     }
 
     if (own_tail || str0 + kBlockM > n) {
-      step(i, it, stage, std::true_type{});
+      step(it, stage, std::true_type{});
     } else {
-      step(i, it, stage, std::false_type{});
+      step(it, stage, std::false_type{});
     }
     stage = stage + 1 == Tr::kStages ? 0 : stage + 1;
   }
