@@ -34,6 +34,9 @@ std::tuple<at::Tensor, at::Tensor> call_fwd(const at::Tensor& q, const at::Tenso
           .findSchemaOrThrow("psa_fa2::fwd", "")
           .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
                                                     const at::Tensor&, double, c10::string_view)>();
+  // Straight to the device's kernel: this node is the autograd. Through the Autograd key the
+  // call would run fwd's own autograd registration, which is Python (ops.py).
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
   return op.call(q, k, v, scale, impl);
 }
 
@@ -47,6 +50,7 @@ void call_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
                       const at::Tensor&, const at::Tensor&, double, at::Tensor&, at::Tensor&,
                       at::Tensor&, c10::string_view, bool, bool)>();
   // dq, dk and dv are fresh buffers: overwritten, never zero-filled.
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
   op.call(dout, q, k, v, out, lse, scale, dq, dk, dv, impl,
           at::globalContext().deterministicAlgorithms(), /*accumulate=*/false);
 }
