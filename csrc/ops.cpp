@@ -1,7 +1,7 @@
 // Operator schemas (defined once) and the compiled module's build facts.
 // Kernels register themselves per dispatch key beside their code:
 // cpu/attention_cpu.cpp (CPU), cuda/attention_cuda.cpp (CUDA), and psa_attention.cpp
-// (psa_attention's autograd, device-agnostic).
+// (psa_attention's and attention's autograd, device-agnostic).
 #include <Python.h>
 #include <torch/library.h>
 
@@ -43,6 +43,9 @@ TORCH_LIBRARY(psa_fa2, m) {
   // The Ultralytics block's attention on its channel-first views: q, k [B, H, dk, N],
   // v [B, H, dv, N] -> [B, H, dv, N] contiguous. Differentiable (psa_attention.cpp).
   m.def("psa_attention(Tensor q, Tensor k, Tensor v, float scale, str impl=\"auto\") -> Tensor");
+  // The same on q, k [B, H, N, dk], v [B, H, N, dv] of any layout -> [B, H, N, dv] in theirs
+  // (token-major when they share none). Differentiable (psa_attention.cpp).
+  m.def("attention(Tensor q, Tensor k, Tensor v, float scale, str impl=\"auto\") -> Tensor");
 }
 
 namespace {

@@ -1,5 +1,6 @@
-// torch.ops.psa_fa2.psa_attention: the Ultralytics block's channel-first attention,
-// differentiable, with its autograd in C++.
+// torch.ops.psa_fa2.psa_attention: the Ultralytics block's channel-first attention, and
+// torch.ops.psa_fa2.attention, the same on [B, H, N, D] operands; differentiable, with their
+// autograd in C++.
 //
 // A training step at the shipped YOLO shapes runs kernels of tens of microseconds, so the
 // host's per-call cost is the step's cost. Keeping the autograd node, the layout handling
@@ -85,19 +86,20 @@ at::Tensor block_output(const at::Tensor& out) {
   return tokens_by_dims(out).contiguous().detach();
 }
 
-// q, k, v ([B, H, D, N]) as [B, H, N, D] views in one layout (token-major when all three
-// allow it, else channel-first); copies only when the three share none.
+// q, k, v ([B, H, N, D]) in one layout: as they are when they share one, else copied to
+// `fallback` (channel-first for the block's views, which are; token-major for `attention`).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> operator_inputs(const at::Tensor& q,
                                                                const at::Tensor& k,
-                                                               const at::Tensor& v) {
-  at::Tensor qt = tokens_by_dims(q), kt = tokens_by_dims(k), vt = tokens_by_dims(v);
-  if (layout_of(qt, kt, vt) == Layout::kChannelFirst) {
-    qt = in_layout(qt, Layout::kChannelFirst);
-    kt = in_layout(kt, Layout::kChannelFirst);
-    vt = in_layout(vt, Layout::kChannelFirst);
-  }
-  return {qt, kt, vt};
+                                                               const at::Tensor& v,
+                                                               Layout fallback) {
+  if (layout_of(q, k, v) == Layout::kTokenMajor) return {q, k, v};
+  if (is_channel_first(q) && is_channel_first(k) && is_channel_first(v)) return {q, k, v};
+  return {in_layout(q, fallback), in_layout(k, fallback), in_layout(v, fallback)};
 }
+
+// Which operands and results: the block's [B, H, D, N] views and its [B, H, dv, N]
+// contiguous result (psa_attention), or the operators' [B, H, N, D] (attention).
+enum class Operands { kBlockViews, kTokensByDims };
 
 // The backward ops have no derivative of their own: with create_graph=True the gradients
 // would come back as constants, and a second-order term silently vanish. Say so instead.
@@ -113,16 +115,28 @@ void check_block_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tens
   check_rank4(v, "v", "[B, H, dv, N]");
 }
 
+// An operand of `kOperands` as the operators' [B, H, N, D], and such a tensor (a gradient) as
+// an operand: the block's views are transposed (which is its own inverse), the others kept.
+template <Operands kOperands>
+at::Tensor swap_block_dims(const at::Tensor& t) {
+  return kOperands == Operands::kBlockViews ? tokens_by_dims(t) : t;
+}
+
 // q, k, v of any layout, each differentiable on its own.
-struct SeparateQKV : public torch::autograd::Function<SeparateQKV> {
+template <Operands kOperands>
+struct SeparateQKV : public torch::autograd::Function<SeparateQKV<kOperands>> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, double scale, const std::string& impl) {
-    auto [qt, kt, vt] = operator_inputs(q, k, v);
+    constexpr Layout kFallback =
+        kOperands == Operands::kBlockViews ? Layout::kChannelFirst : Layout::kTokenMajor;
+    auto [qt, kt, vt] = operator_inputs(swap_block_dims<kOperands>(q),
+                                        swap_block_dims<kOperands>(k),
+                                        swap_block_dims<kOperands>(v), kFallback);
     auto [out, lse] = call_fwd(qt, kt, vt, scale, impl);
     ctx->save_for_backward({qt, kt, vt, out, lse});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["impl"] = impl;
-    return block_output(out);
+    return kOperands == Operands::kBlockViews ? block_output(out) : out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -131,12 +145,13 @@ struct SeparateQKV : public torch::autograd::Function<SeparateQKV> {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const Layout layout = layout_of(q, k, v);
-    const at::Tensor dout = in_layout(tokens_by_dims(grads[0]), layout);
+    const at::Tensor dout = in_layout(swap_block_dims<kOperands>(grads[0]), layout);
     at::Tensor dq = empty_like_in_layout(q, layout), dk = empty_like_in_layout(k, layout),
                dv = empty_like_in_layout(v, layout);
     call_bwd(dout, q, k, v, out, lse, ctx->saved_data["scale"].toDouble(), dq, dk, dv,
              ctx->saved_data["impl"].toStringRef());
-    return {tokens_by_dims(dq), tokens_by_dims(dk), tokens_by_dims(dv), at::Tensor(), at::Tensor()};
+    return {swap_block_dims<kOperands>(dq), swap_block_dims<kOperands>(dk), swap_block_dims<kOperands>(dv),
+            at::Tensor(), at::Tensor()};
   }
 };
 
@@ -220,23 +235,48 @@ at::Tensor psa_attention_autograd(const at::Tensor& q, const at::Tensor& k, cons
     if (const auto split = split_of(q, k, v); split && q._base().requires_grad())
       return SplitQKV::apply(at::Tensor(q._base()), *split, scale, impl_name);
   }
-  return SeparateQKV::apply(q, k, v, scale, impl_name);
+  return SeparateQKV<Operands::kBlockViews>::apply(q, k, v, scale, impl_name);
 }
 
 // Below autograd (inference mode, or a caller that already handles gradients).
 at::Tensor psa_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  double scale, c10::string_view impl) {
   check_block_inputs(q, k, v);
-  auto [qt, kt, vt] = operator_inputs(q, k, v);
+  auto [qt, kt, vt] = operator_inputs(tokens_by_dims(q), tokens_by_dims(k), tokens_by_dims(v),
+                                      Layout::kChannelFirst);
   return block_output(std::get<0>(call_fwd(qt, kt, vt, scale, std::string(impl))));
+}
+
+void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  check_rank4(q, "q", "[B, H, N, dk]");
+  check_rank4(k, "k", "[B, H, N, dk]");
+  check_rank4(v, "v", "[B, H, N, dv]");
+}
+
+// torch.ops.psa_fa2.attention: [B, H, N, D] operands of any layout, the result in theirs.
+at::Tensor attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              double scale, c10::string_view impl) {
+  check_attention_inputs(q, k, v);
+  return SeparateQKV<Operands::kTokensByDims>::apply(q, k, v, scale, std::string(impl));
+}
+
+at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             double scale, c10::string_view impl) {
+  check_attention_inputs(q, k, v);
+  auto [qt, kt, vt] = operator_inputs(q, k, v, Layout::kTokenMajor);
+  return std::get<0>(call_fwd(qt, kt, vt, scale, std::string(impl)));
 }
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(psa_fa2, Autograd, m) { m.impl("psa_attention", &psa_attention_autograd); }
+TORCH_LIBRARY_IMPL(psa_fa2, Autograd, m) {
+  m.impl("psa_attention", &psa_attention_autograd);
+  m.impl("attention", &attention_autograd);
+}
 
 TORCH_LIBRARY_IMPL(psa_fa2, CompositeExplicitAutograd, m) {
   m.impl("psa_attention", &psa_attention_forward);
+  m.impl("attention", &attention_forward);
 }
 
 }  // namespace psa_fa2

@@ -150,8 +150,13 @@ def _register_autocast(device_type: str, dispatch_key: str) -> None:
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
             return torch.ops.psa_fa2.psa_attention(cast(q), cast(k), cast(v), scale, impl)
 
+    def attention_autocast(q, k, v, scale, impl="auto"):
+        with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
+            return torch.ops.psa_fa2.attention(cast(q), cast(k), cast(v), scale, impl)
+
     _autocast_lib.impl("fwd", fwd_autocast, dispatch_key)
     _autocast_lib.impl("psa_attention", psa_attention_autocast, dispatch_key)
+    _autocast_lib.impl("attention", attention_autocast, dispatch_key)
 
 
 _autocast_lib = torch.library.Library("psa_fa2", "IMPL")
@@ -188,9 +193,15 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, *,
     for t, name, dims in ((q, "q", "[B, H, N, dk]"), (k, "k", "[B, H, N, dk]"),
                           (v, "v", "[B, H, N, dv]")):
         _check_rank(t, name, dims)
+    scale = _default_scale(scale, q.shape[-1])
+    if not torch.compiler.is_compiling():
+        # One call into C++ (psa_attention.cpp), whose autograd node calls the operators
+        # directly; the fwd op's own autograd (above) is Python.
+        return torch.ops.psa_fa2.attention.default(q, k, v, scale, impl)
+    # Traced: the fwd op, whose fake kernel and Python autograd torch.compile can follow.
     if _common_layout(q, k, v) is None:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    return torch.ops.psa_fa2.fwd(q, k, v, _default_scale(scale, q.shape[-1]), impl)[0]
+    return torch.ops.psa_fa2.fwd(q, k, v, scale, impl)[0]
 
 
 def psa_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, *,

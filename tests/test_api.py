@@ -265,3 +265,47 @@ def test_psa_attention_in_inference_mode(device):
         out = psa_fa2_ext.psa_attention(q, k, v)
     assert out.is_contiguous() and not out.requires_grad
     torch.testing.assert_close(out, psa_attention_eager(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layouts", [("tm", "tm", "tm"), ("cf", "cf", "cf"), ("tm", "cf", "tm")])
+def test_attention_op_keeps_layout_and_differentiates(device, layouts):
+    """torch.ops.psa_fa2.attention (what attention() calls): the result in the operands'
+    layout (token-major when they share none), values and gradients of float64 eager."""
+    def operand(d, layout):
+        t = torch.randn(2, 3, 21, d, dtype=torch.float64, device=device)
+        t = t if layout == "tm" else t.transpose(2, 3).contiguous().transpose(2, 3)
+        return t.requires_grad_()
+    q, k, v = (operand(d, layout) for d, layout in zip((8, 8, 12), layouts))
+    g = torch.randn(2, 3, 21, 12, dtype=torch.float64, device=device)
+    impl = "reference" if device == "cuda" else "auto"
+    out = torch.ops.psa_fa2.attention(q, k, v, 0.4, impl)
+    if layouts == ("cf", "cf", "cf"):
+        assert out.stride(2) == 1
+    else:
+        assert out.is_contiguous()
+    grads = torch.autograd.grad(out, (q, k, v), g)
+    q64, k64, v64 = (t.detach().requires_grad_() for t in (q, k, v))
+    ref = attention_eager(q64, k64, v64, 0.4)
+    refs = torch.autograd.grad(ref, (q64, k64, v64), g)
+    torch.testing.assert_close(out, ref)
+    for name, got, want in zip("qkv", grads, refs):
+        torch.testing.assert_close(got, want, msg=lambda m, name=name: f"d{name}: {m}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_in_inference_mode(device):
+    q, k, v = (torch.randn(2, 2, 30, d, device=device) for d in (16, 16, 32))
+    with torch.inference_mode():
+        out = psa_fa2_ext.attention(q, k, v)
+    assert not out.requires_grad
+    torch.testing.assert_close(out, attention_eager(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+def test_attention_autocast_cpu():
+    q, k, v = (torch.randn(2, 2, 49, 16, requires_grad=True) for _ in range(3))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = psa_fa2_ext.attention(q, k, v)
+    assert out.dtype == torch.bfloat16
+    out.float().sum().backward()
+    assert q.grad.dtype == torch.float32
