@@ -150,8 +150,8 @@ struct SeparateQKV : public torch::autograd::Function<SeparateQKV<kOperands>> {
                dv = empty_like_in_layout(v, layout);
     call_bwd(dout, q, k, v, out, lse, ctx->saved_data["scale"].toDouble(), dq, dk, dv,
              ctx->saved_data["impl"].toStringRef());
-    return {swap_block_dims<kOperands>(dq), swap_block_dims<kOperands>(dk), swap_block_dims<kOperands>(dv),
-            at::Tensor(), at::Tensor()};
+    return {swap_block_dims<kOperands>(dq), swap_block_dims<kOperands>(dk),
+            swap_block_dims<kOperands>(dv), at::Tensor(), at::Tensor()};
   }
 };
 
