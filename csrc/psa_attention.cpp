@@ -103,10 +103,10 @@ enum class Operands { kBlockViews, kTokensByDims };
 
 // The backward ops have no derivative of their own: with create_graph=True the gradients
 // would come back as constants, and a second-order term silently vanish. Say so instead.
-void check_not_double_backward() {
-  TORCH_CHECK(!at::GradMode::is_enabled(),
-              "psa_attention's backward is not differentiable: create_graph=True (double "
-              "backward) through psa_attention is not supported");
+void check_not_double_backward(const char* op) {
+  TORCH_CHECK(!at::GradMode::is_enabled(), op,
+              "'s backward is not differentiable: create_graph=True (double backward) through ",
+              op, " is not supported");
 }
 
 void check_block_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -140,7 +140,7 @@ struct SeparateQKV : public torch::autograd::Function<SeparateQKV<kOperands>> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    check_not_double_backward();
+    check_not_double_backward(kOperands == Operands::kBlockViews ? "psa_attention" : "attention");
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
@@ -186,7 +186,7 @@ struct SplitQKV : public torch::autograd::Function<SplitQKV> {
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    check_not_double_backward();
+    check_not_double_backward("psa_attention");
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &base = saved[0], &out = saved[1], &lse = saved[2];

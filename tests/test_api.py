@@ -309,3 +309,15 @@ def test_attention_autocast_cpu():
     assert out.dtype == torch.bfloat16
     out.float().sum().backward()
     assert q.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("api", ["psa_attention", "attention"])
+def test_double_backward_is_refused(api):
+    """create_graph=True would give the gradients as constants and drop the second-order
+    term: an error that names the function, not a silently wrong Hessian."""
+    q, k, v = (torch.randn(1, 2, 8, 11, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    if api == "attention":
+        q, k, v = (t.transpose(2, 3) for t in (q, k, v))
+    out = getattr(psa_fa2_ext, api)(q, k, v)
+    with pytest.raises(RuntimeError, match=f"{api}'s backward is not differentiable"):
+        torch.autograd.grad(out.sum(), q, create_graph=True)
