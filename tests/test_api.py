@@ -164,10 +164,11 @@ def test_autocast_runs_in_lower_precision():
     assert out.dtype == torch.bfloat16
 
 
-def test_autocast_cpu():
+@pytest.mark.parametrize("api", ["psa_attention", "attention"])
+def test_autocast_cpu(api):
     q, k, v = (torch.randn(2, 2, 16, 49, requires_grad=True) for _ in range(3))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = psa_fa2_ext.psa_attention(q, k, v)
+        out = getattr(psa_fa2_ext, api)(q, k, v)
     assert out.dtype == torch.bfloat16
     out.float().sum().backward()
     assert q.grad.dtype == torch.float32
@@ -300,15 +301,6 @@ def test_attention_in_inference_mode(device):
         out = psa_fa2_ext.attention(q, k, v)
     assert not out.requires_grad
     torch.testing.assert_close(out, attention_eager(q, k, v), rtol=1e-4, atol=1e-5)
-
-
-def test_attention_autocast_cpu():
-    q, k, v = (torch.randn(2, 2, 49, 16, requires_grad=True) for _ in range(3))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = psa_fa2_ext.attention(q, k, v)
-    assert out.dtype == torch.bfloat16
-    out.float().sum().backward()
-    assert q.grad.dtype == torch.float32
 
 
 @pytest.mark.parametrize("api", ["psa_attention", "attention"])
