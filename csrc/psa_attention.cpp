@@ -173,31 +173,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> split_views(const at::Tensor& bas
 }
 
 // psa_attention on the split views of `base`, differentiable in `base` itself.
+//
+// This is the training step's path at the shipped shapes, where the host's time is the step's
+// time, so it makes no more ATen calls than it must: the views that only carry operands to the
+// kernels are made below the ADInplaceOrView key (no view tracking; they never reach the
+// user), and the result, [B, H, dv, N] contiguous, is the channel-first `out` itself seen
+// transposed, saved as the node's output and seen transposed again in the backward (saving an
+// output keeps its in-place modification an error, as for `block_output`).
 struct SplitQKV : public torch::autograd::Function<SplitQKV> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& base, SplitDims d, double scale,
                             const std::string& impl) {
-    auto [q, k, v] = split_views(base, d);
-    auto [out, lse] = call_fwd(q, k, v, scale, impl);
-    ctx->save_for_backward({base, out, lse});
+    at::Tensor result, lse;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      auto [q, k, v] = split_views(base, d);
+      at::Tensor out;
+      std::tie(out, lse) = call_fwd(q, k, v, scale, impl);
+      // The views are channel-first (or token-major only where that is the same memory: N or
+      // both head dims 1), and so is out: its transpose is contiguous.
+      result = tokens_by_dims(out);
+    }
+    ctx->save_for_backward({base, lse, result});
     ctx->saved_data["dims"] = std::vector<int64_t>{d.B, d.H, d.dk, d.dv, d.N};
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["impl"] = impl;
-    return block_output(out);
+    return result;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     check_not_double_backward("psa_attention");
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &base = saved[0], &out = saved[1], &lse = saved[2];
+    const at::Tensor &base = saved[0], &lse = saved[1], &result = saved[2];
     const auto dims = ctx->saved_data["dims"].toIntVector();
     const SplitDims d{dims[0], dims[1], dims[2], dims[3], dims[4]};
-    auto [q, k, v] = split_views(base, d);
     at::Tensor d_base = at::empty(base.sizes(), base.options());
-    auto [dq, dk, dv] = split_views(d_base, d);
-    const at::Tensor dout = in_layout(tokens_by_dims(grads[0]), Layout::kChannelFirst);
-    call_bwd(dout, q, k, v, out, lse, ctx->saved_data["scale"].toDouble(), dq, dk, dv,
-             ctx->saved_data["impl"].toStringRef());
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      auto [q, k, v] = split_views(base, d);
+      auto [dq, dk, dv] = split_views(d_base, d);
+      const at::Tensor dout = in_layout(tokens_by_dims(grads[0]), Layout::kChannelFirst);
+      call_bwd(dout, q, k, v, tokens_by_dims(result), lse, ctx->saved_data["scale"].toDouble(),
+               dq, dk, dv, ctx->saved_data["impl"].toStringRef());
+    }
     return {d_base, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };

@@ -124,19 +124,30 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
     if (!accumulate) zero_qk_grads(dq, dk);
     return;
   }
-  at::Tensor delta = at::empty_like(lse);
-  BwdParams p = make_bwd_params(s, dout, q, k, v, out, lse, delta, dq, dk, dv, scale);
+  BwdParams p = make_bwd_params(s, dout, q, k, v, out, lse, dq, dk, dv, scale);
   p.allow_tf32 = fp32_matmul_allows_tf32();
   p.deterministic = deterministic || at::globalContext().deterministicAlgorithms();
   p.accumulate = accumulate;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool fp32 = q.scalar_type() == at::kFloat && impl != Impl::kReference;
+  const bool fast =
+      !fp32 && use_fast(impl, flash_bwd_supported(p), s, q.scalar_type(), "backward");
+  // delta ([B, H, N] of lse's dtype: rowsum(dout * out)) and the fast kernel's workspace in one
+  // allocation: at the shipped shapes a training step is host-bound, and every allocation is
+  // host time. It is freed after the launches, in stream order.
+  const int64_t delta_bytes = (lse.numel() * int64_t(lse.element_size()) + 255) / 256 * 256;
+  const int64_t workspace_bytes = fast ? int64_t(flash_bwd_workspace_bytes(p)) : 0;
+  const at::Tensor scratch =
+      at::empty({delta_bytes + workspace_bytes}, q.options().dtype(at::kByte));
+  p.delta = scratch.data_ptr();
+  if (fast) p.workspace = static_cast<char*>(scratch.data_ptr()) + delta_bytes;
 
   // fp32: the FFMA kernel where it is instantiated (exact arithmetic; under TF32 from
   // kFp32BackwardFfmaMinTokensTf32 tokens on, where it measured faster than TF32 matmuls),
   // unless the results must be bit-reproducible (its atomics are not); else blockwise on
   // at::matmul, which follows PyTorch's fp32 matmul rule (TF32 unless "highest") and is
   // deterministic.
-  if (q.scalar_type() == at::kFloat && impl != Impl::kReference) {
+  if (fp32) {
     if (!accumulate) zero_qk_grads(dq, dk);
     const bool ffma = !p.deterministic && flash_bwd_f32_supported(p) &&
                       (!p.allow_tf32 || s.seqlen >= kFp32BackwardFfmaMinTokensTf32);
@@ -160,11 +171,7 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
     }
     return;
   }
-  const bool fast = use_fast(impl, flash_bwd_supported(p), s, q.scalar_type(), "backward");
   if (fast) {
-    at::Tensor workspace =
-        at::empty({static_cast<int64_t>(flash_bwd_workspace_bytes(p))}, q.options().dtype(at::kByte));
-    p.workspace = workspace.data_ptr();
     if (flash_bwd_wants_aligned_stream(p)) {
       // Q and dO on aligned rows; the copies are freed after the launch, in stream order.
       const std::vector<at::Tensor> rows =

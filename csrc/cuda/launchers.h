@@ -64,7 +64,8 @@ int flash_bwd_f32_row_pieces(const BwdParams& params);
 void flash_bwd_f32(const BwdParams& params, int pieces, cudaStream_t stream);
 
 // Fast tensor-core backward. flash_bwd_workspace_bytes tells how much scratch
-// (params.workspace) flash_bwd needs; the caller allocates it uninitialised.
+// (params.workspace) flash_bwd needs; the caller allocates it uninitialised, as it does
+// params.delta ([B, H, N] float, 4-byte aligned), which flash_bwd_supported does not look at.
 bool flash_bwd_supported(const BwdParams& params);
 size_t flash_bwd_workspace_bytes(const BwdParams& params);
 void flash_bwd(const BwdParams& params, cudaStream_t stream);

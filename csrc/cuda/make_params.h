@@ -42,11 +42,10 @@ inline FwdParams make_fwd_params(const AttnShape& s, const at::Tensor& q, const 
   return p;
 }
 
-// delta: [B, H, N] scratch of lse's dtype for rowsum(dout * out).
+// The scratch (delta, the workspace) is the caller's to set.
 inline BwdParams make_bwd_params(const AttnShape& s, const at::Tensor& dout, const at::Tensor& q,
                                  const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
-                                 const at::Tensor& lse, const at::Tensor& delta,
-                                 const at::Tensor& dq, const at::Tensor& dk,
+                                 const at::Tensor& lse, const at::Tensor& dq, const at::Tensor& dk,
                                  const at::Tensor& dv, double scale) {
   BwdParams p{};
   p.q = strided(q);
@@ -58,7 +57,6 @@ inline BwdParams make_bwd_params(const AttnShape& s, const at::Tensor& dout, con
   p.dk = strided(dk);
   p.dv = strided(dv);
   p.lse = lse.data_ptr();
-  p.delta = delta.data_ptr();
   fill_shape(p, s, q.scalar_type(), scale);
   return p;
 }
