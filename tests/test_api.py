@@ -38,6 +38,27 @@ def test_psa_attention_on_ultralytics_views(device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dk, dv, N", [(8, 16, 1), (1, 1, 13), (1, 1, 1)],
+                         ids=["one_token", "head_dims_1", "all_1"])
+def test_psa_attention_split_views_degenerate_sizes(device, dk, dv, N):
+    """Split views whose layout is ambiguous (one token, or head dims of 1: token-major and
+    channel-first are the same memory) still give a contiguous [B, H, dv, N] result and the
+    eager block's values and qkv gradient."""
+    B, H = 2, 3
+    x = torch.randn(B, H * (2 * dk + dv), N, dtype=torch.float64, device=device,
+                    requires_grad=True)
+    out = psa_fa2_ext.psa_attention(*x.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2))
+    assert out.shape == (B, H, dv, N) and out.is_contiguous()
+    g = torch.randn_like(out)
+    (dx,) = torch.autograd.grad(out, x, g)
+    x64 = x.detach().requires_grad_()
+    ref = psa_attention_eager(*x64.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2))
+    (dx64,) = torch.autograd.grad(ref, x64, g)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(dx, dx64)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_attention_token_major_and_strided(device):
     """attention() takes token-major tensors directly and makes other strides contiguous."""
     q, k, v = (torch.randn(2, 3, 33, d, dtype=torch.float64, device=device) for d in (16, 16, 24))
