@@ -183,6 +183,12 @@ def eager_step_row(case, qkv, H, dout, cfg):
 
     def over_ours(name):
         return us[name] / us["ours"] if us["ours"] and us[name] else None
+
+    # Each round's own ratio too: its two times were taken seconds apart, so the spread of these
+    # shows how far the host's drift moves the ratio.
+    both = us["ours"] is not None and us["sdpa"] is not None
+    sdpa_over_ours_rounds = [s / o for s, o in zip(times["sdpa"], times["ours"])] if both else []
     return dict(ours_us=us["ours"], sdpa_us=us["sdpa"], eager_us=us["eager"],
                 sdpa_over_ours=over_ours("sdpa"), eager_over_ours=over_ours("eager"),
-                rounds_us=times, note="; ".join(notes))
+                sdpa_over_ours_rounds=sdpa_over_ours_rounds, rounds_us=times,
+                note="; ".join(notes))

@@ -151,16 +151,22 @@ def markdown(doc):
         parts += ["", f"## {mode}", "", _table(header, lines)]
     if doc["eager_step"]:
         lines = [[_shape(s), s["dtype"], _us(s["ours_us"]), _us(s["sdpa_us"]), _us(s["eager_us"]),
-                  _f(s["sdpa_over_ours"], ".2f"), _f(s["eager_over_ours"], ".2f"), s["note"]]
+                  _f(s["sdpa_over_ours"], ".2f"), _ratio_range(s.get("sdpa_over_ours_rounds")),
+                  _f(s["eager_over_ours"], ".2f"), s["note"]]
                  for s in doc["eager_step"]]
         parts += ["", "## eager training step (wall clock)", "",
                   "qkv leaf → split views → attention → `out.backward(dout)` → qkv.grad, "
                   "per step, synchronised loop; SDPA auto pays its layout copies. The three "
-                  "take turns, round by round; a time is the median over the rounds.", "",
+                  "take turns, round by round; a time is the median over the rounds, and "
+                  "'by round' the range of each round's own SDPA / ours.", "",
                   _table(["shape", "dtype", "ours us", "SDPA auto us", "eager us",
-                          "SDPA/ours", "eager/ours", "note"], lines)]
+                          "SDPA/ours", "by round", "eager/ours", "note"], lines)]
     parts += ["", short(doc["summary"])]
     return "\n".join(parts) + "\n"
+
+
+def _ratio_range(ratios):
+    return f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "–"
 
 
 def short(summary):
