@@ -334,3 +334,58 @@ def test_double_backward_is_refused(api):
     out = getattr(psa_fa2_ext, api)(q, k, v)
     with pytest.raises(RuntimeError, match=f"{api}'s backward is not differentiable"):
         torch.autograd.grad(out.sum(), q, create_graph=True)
+
+
+@requires_cuda
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic_dq", "deterministic"])
+def test_psa_attention_training_step_in_a_cuda_graph(deterministic):
+    """A whole training step (split views, psa_attention, backward into the qkv leaf) captured
+    in a CUDA graph, as torch.compile's "reduce-overhead" mode and whole-network capture do:
+    replayed on new inputs it gives what the eager step gives on them. The forward has no
+    atomics, so its result must match to the bit; the backward's dQ atomics may round in
+    another order unless deterministic."""
+    B, H, dk, dv, h, w = 2, 2, 32, 64, 9, 11
+    N = h * w
+    torch.manual_seed(0)
+    x = torch.randn(B, H * (2 * dk + dv), h, w, dtype=torch.bfloat16, device="cuda",
+                    requires_grad=True)
+    g = torch.randn(B, H, dv, N, dtype=torch.bfloat16, device="cuda")
+
+    def step():
+        out = psa_fa2_ext.psa_attention(*x.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], 2))
+        out.backward(g)
+        return out
+
+    torch.use_deterministic_algorithms(deterministic, warn_only=True)
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):   # warm-up off the capture, as the CUDA graph docs do
+            for _ in range(3):
+                x.grad = None
+                step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        x.grad = None
+        with torch.cuda.graph(graph):
+            out_static = step()
+        grad_static = x.grad
+
+        for _ in range(2):
+            with torch.no_grad():
+                x.copy_(torch.randn_like(x))
+                g.copy_(torch.randn_like(g))
+                out_static.fill_(float("nan"))
+                grad_static.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            out_graph, grad_graph = out_static.clone(), grad_static.clone()
+            x.grad = None
+            out_eager = step()
+            torch.testing.assert_close(out_graph, out_eager, rtol=0, atol=0)
+            if deterministic:
+                torch.testing.assert_close(grad_graph, x.grad, rtol=0, atol=0)
+            else:
+                torch.testing.assert_close(grad_graph, x.grad)
+    finally:
+        torch.use_deterministic_algorithms(False)
