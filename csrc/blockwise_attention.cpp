@@ -38,7 +38,9 @@ void blockwise_fwd(const at::Tensor& q_in, const at::Tensor& k_in, const at::Ten
     at::Tensor s = at::matmul(q.narrow(2, i0, len) * scale, kt);
     // A row of only -inf scores takes 0 as its reference: exp(-inf) = 0 rather than NaN,
     // and the row ends as 0 / 0 = NaN, as eager softmax gives. NaN scores propagate.
-    const at::Tensor m = std::get<0>(s.max(-1, /*keepdim=*/true));
+    // amax, not max: max also finds the indices, which took the CPU forward 18% of its time
+    // at B,H,N = 1,4,400 (2.7x amax's time in that op alone).
+    const at::Tensor m = s.amax(-1, /*keepdim=*/true);
     const at::Tensor m_ref = m.masked_fill(m == neg_inf, 0.0);
     const at::Tensor p = s.sub_(m_ref).exp_();
     const at::Tensor l = p.sum(-1, /*keepdim=*/true);
