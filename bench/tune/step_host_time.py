@@ -13,20 +13,24 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 
-sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.append(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(HERE, ".."))
 import psa_fa2_ext  # noqa: E402
+from measure import split_views  # noqa: E402
+from timing import host_time  # noqa: E402
 
 B, H, dk, dv, N = 16, 4, 32, 64, 400
 SCALE = dk ** -0.5
 CALLS = 1000
+PIECES = ("step", "step_op", "sdpa", "trivial", "bwd_only", "fwd_graph", "fwd_op", "bwd_op")
 
 
 def views(t):
-    return t.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2)
+    return split_views(t, H, dk, dv)   # the block's own line, as the benchmark runs it
 
 
 def make_pieces():
@@ -75,31 +79,30 @@ def make_pieces():
         torch.ops.psa_fa2.bwd.default(dout, q, k, v, out, lse, SCALE, dq, dk_, dv_, "auto",
                                       False, False)
 
-    return dict(step=step, step_op=step_op, sdpa=sdpa, trivial=trivial, bwd_only=bwd_only,
-                fwd_graph=fwd_graph, fwd_op=fwd_op, bwd_op=bwd_op)
+    pieces = dict(step=step, step_op=step_op, sdpa=sdpa, trivial=trivial, bwd_only=bwd_only,
+                  fwd_graph=fwd_graph, fwd_op=fwd_op, bwd_op=bwd_op)
+    assert tuple(pieces) == PIECES
+    return pieces
 
 
 AUTOGRAD_PIECES = ("step", "sdpa", "trivial", "bwd_only")
 
 
-def loop_us(fn, n=CALLS):
+def loop_us(fn):
     for _ in range(10):
         fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / n * 1e6
+    return host_time(fn, torch.device("cuda"), CALLS) * 1e6
 
 
 def main():
-    pieces = make_pieces()
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--pieces", nargs="+", choices=list(pieces), default=list(pieces))
+    ap.add_argument("--pieces", nargs="+", choices=PIECES, default=list(PIECES))
     ap.add_argument("--single-thread", action="store_true")
     args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("step_host_time.py times the CUDA step: no CUDA GPU is visible")
+    pieces = make_pieces()
     times = {name: [] for name in args.pieces}
     single = [name for name in AUTOGRAD_PIECES if name in args.pieces] if args.single_thread else []
     times.update({name + " (one thread)": [] for name in single})
