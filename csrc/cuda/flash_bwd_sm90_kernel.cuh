@@ -71,15 +71,6 @@
 #ifndef PSA_FA2_BWD90_EARLY_LSE
 #define PSA_FA2_BWD90_EARLY_LSE 1  // 1: read lse and D before the S^T / dP^T wgmmas, 0: after
 #endif
-#ifndef PSA_FA2_BWD90_DQ_WARPGROUP
-#define PSA_FA2_BWD90_DQ_WARPGROUP 0  // 1: a third warpgroup computes dQ from a ring of dS^T
-#endif
-#ifndef PSA_FA2_BWD90_MMA_REGS
-#define PSA_FA2_BWD90_MMA_REGS 216  // with the dQ warpgroup: registers of the two others
-#endif
-#ifndef PSA_FA2_BWD90_DQ_REGS
-#define PSA_FA2_BWD90_DQ_REGS 72  // and of the dQ warpgroup
-#endif
 #ifndef PSA_FA2_BWD90_DQ_CHAINS
 #define PSA_FA2_BWD90_DQ_CHAINS 1  // independent accumulator chains of the dQ MMAs (1 or 2;
                                    // 2 measured 0-5% slower, h200-2026-12-01-5bb34ec)
@@ -103,6 +94,16 @@
 // Also tried, not kept: dQ on wgmma per warpgroup (A = its dS^T from a swizzled tile, B = its K
 // tile; no CTA barrier before dQ, twice the reductions) passed its tests but was 8-10% slower
 // at every shape on the H200 (bench/results/h200-2026-12-01-0a2a437/bwd_dq_wgmma.md).
+// Also tried, not kept (3c71235, PSA_FA2_BWD90_DQ_WARPGROUP=1; bench/tune/tune_bwd.cu, two
+// alternating runs, bwd_dq_warpgroup.txt in bench/results/h200-2026-12-03-3c71235): dQ on a
+// third warpgroup. The two MMA warpgroups handed each step's dS^T to it through the two buffers
+// (named barriers "full" and "empty", 384 threads each) and went on to the next step, published
+// by a barrier of their own; setmaxnreg gave them 216 registers and it 72 (the CTA launches
+// with 168 each: 2 x 216 + 72 is all of that, and asking for more waits forever). Correct (the
+// backward's wgmma tests passed), and even: 8532-8590 against 8581-8592 us at 1,2,62464,
+// 1479-1490 against 1474-1482 at 8,4,6400, 33.5-34.2 against 33.1-33.5 at 16,4,400. So dQ was
+// not what a step waited for (it runs while dV and dK are in flight); the two warpgroups' own
+// chain (S^T and dP^T, the exponentials, dV and dK, in lockstep) is.
 // Also tried, each correct and slower at B,H,N = 8,4,6400 (before the K fragments stayed in
 // registers; bench/results/h200-2026-12-01-a1a6064/bwd_variants.md):
 //   - one warpgroup of 64 keys per CTA and two CTAs per SM, so that independent CTAs
@@ -141,51 +142,6 @@ __device__ __forceinline__ void publish_copies() {
   __syncthreads();
 }
 
-// Named barriers of the dQ warpgroup variant (ids are immediates: with a register id ptxas
-// reserves all 16). 1: the two MMA warpgroups' step barrier; 2 + b: dS^T buffer b is full;
-// 4 + b: it is empty again. The sync waits for kCount arrivals; the arrive does not wait.
-template <int kId, int kCount>
-__device__ __forceinline__ void bar_sync() {
-  asm volatile("barrier.cta.sync.aligned %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
-}
-template <int kId, int kCount>
-__device__ __forceinline__ void bar_arrive() {
-  asm volatile("barrier.cta.arrive.aligned %0, %1;\n" ::"n"(kId), "n"(kCount) : "memory");
-}
-constexpr int kMmaBarrier = 1, kFullBarrier = 2, kEmptyBarrier = 4, kRingThreads = 384;
-// Barrier kBase + buf (buf 0 or 1) with immediate ids.
-template <int kBase>
-__device__ __forceinline__ void ring_sync(int buf) {
-  if (buf) {
-    bar_sync<kBase + 1, kRingThreads>();
-  } else {
-    bar_sync<kBase, kRingThreads>();
-  }
-}
-template <int kBase>
-__device__ __forceinline__ void ring_arrive(int buf) {
-  if (buf) {
-    bar_arrive<kBase + 1, kRingThreads>();
-  } else {
-    bar_arrive<kBase, kRingThreads>();
-  }
-}
-// The copies as publish_copies, published to the two MMA warpgroups only.
-template <int kPending>
-__device__ __forceinline__ void publish_copies_to_mma() {
-  ffwd::cp_async_wait<kPending>();
-  wgmma::fence_proxy_async_shared();
-  bar_sync<kMmaBarrier, 256>();
-}
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_inc() {
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-template <int kRegs>
-__device__ __forceinline__ void setmaxnreg_dec() {
-  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
-}
-
 // stmatrix x4 (sm_90): the inverse of ldmatrix x4. Lanes 8i .. 8i+7 give the row addresses of
 // 8x8 matrix i, whose row lane / 4, columns 2 (lane % 4) .. + 1 come from r[i] of each lane.
 __device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
@@ -214,17 +170,6 @@ struct Sm90BwdTraits {
   static constexpr bool kOneBarrier = PSA_FA2_BWD90_ONE_BARRIER;
   static_assert(!kOneBarrier || kStages >= 3, "one barrier per step needs three stages");
   static constexpr int kDSBuffers = kOneBarrier ? 2 : 1;
-  // dQ on its own warpgroup (threads 256 .. 383): the two others hand it each step's dS^T
-  // through the two buffers (named barriers: full, empty) and go on to the next step while it
-  // computes dQ = dS K and adds it to the workspace.
-  static constexpr bool kDqWarpgroup = PSA_FA2_BWD90_DQ_WARPGROUP;
-  static_assert(!kDqWarpgroup || kOneBarrier, "the dQ warpgroup reads the two dS^T buffers");
-  static constexpr int kCtaThreads = kThreads + (kDqWarpgroup ? 128 : 0);
-  // The CTA launches with 168 registers per thread (384 threads, one CTA per SM), and that
-  // pool is all the warpgroups can share out: setmaxnreg.inc past it waits forever.
-  static_assert(!kDqWarpgroup ||
-                    2 * PSA_FA2_BWD90_MMA_REGS + PSA_FA2_BWD90_DQ_REGS <= 3 * 168,
-                "the registers the CTA launches with");
   static_assert(kDk == 32 && kDv == 64, "the wgmma shapes below are those of (32, 64)");
   static_assert(C::kThreads == kThreads && C::kBlockN == kBlockN && C::kBlockM == kBlockM,
                 "the epilogue and workspace of the mma.sync kernel's configuration");
@@ -272,7 +217,7 @@ struct Sm90BwdTraits {
 
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kStreamVecBytes>
 __global__ void __launch_bounds__(
-    Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kStreamVecBytes>::kCtaThreads, 1)
+    Sm90BwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes, kStreamVecBytes>::kThreads, 1)
     flash_bwd_sm90_kernel(const __grid_constant__ BwdParams p, float* ws, int n_pad, int gran,
                           const BwdTailSplit split) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -369,7 +314,7 @@ __global__ void __launch_bounds__(
       const int offset =
           Tr::kRowStatsOffset + (stage * kBlockM * 2 + (r / 2) * 4 + (is_lse ? 0 : 2) + r % 2) * 4;
       ffwd::cp_async<4>(smem_base + offset, ok ? src + tok : src, ok ? 4 : 0);
-    } else if (it < it_end && wg == 1) {
+    } else if (it < it_end) {
       const ffwd::CopierFor<DOTile, kCF, kStreamVecBytes> copier(wtid, row_stride(p.dout));
       copy_rows(copier, sDO + stage * DOTile::kBytes, p.dout, str0);
     }
@@ -377,8 +322,8 @@ __global__ void __launch_bounds__(
   };
   // Prologue: this warpgroup's K and V rows (a warpgroup wholly past N copies nothing and
   // points at the head, a valid address), then the rows of steps 0 .. kStages - 2; step 0's
-  // (with K and V) are published. The dQ warpgroup copies nothing.
-  if (wg < 2) {
+  // (with K and V) are published.
+  {
     const int valid = key0 < n ? n - key0 : 0;
     const int first = key0 < n ? key0 : 0;
     const ffwd::CopierFor<KTile, kCF, kVecBytes> k_copier(wtid, row_stride(p.k));
@@ -390,10 +335,15 @@ __global__ void __launch_bounds__(
   for (int i = 1; i < Tr::kStages - 1; ++i) issue_stream(it_begin + i);
   publish_copies<Tr::kStages - 2>();  // the younger steps' rows may stay in flight
 
+  uint32_t kf[kDk / 16][4];  // A fragments of this warp's 16 keys
+  uint32_t vf[kDv / 16][4];
+  ffwd::load_a_fragments<KTile, kCF>(kf, sK, warp % 4, lane);
+  ffwd::load_a_fragments<VTile, kCF>(vf, sV, warp % 4, lane);
   // B fragments of dQ = dS K for this warp's 16 dQ columns (np = warp % 2) over the CTA's 128
   // keys, k16 step ks: the same every step, so loaded once. kq[ks][0], [1]: keys lo, hi of
   // columns 16 np .. + 8; [2], [3]: of the next 8.
-  auto load_dq_b_fragments = [&](uint32_t (&kq)[Tr::kBlockN / 16][4]) {
+  uint32_t kq[Tr::kBlockN / 16][4];
+  {
     const int np = warp % (kDk / 16);
     const int li = lane / 8, lr = lane % 8;
 #pragma unroll
@@ -412,59 +362,7 @@ __global__ void __launch_bounds__(
         ffwd::ldsm_x4_trans(kq[ks], tile + 2u * KTile::offset(row, chunk));
       }
     }
-  };
-
-  if constexpr (Tr::kDqWarpgroup) {
-    if (wg == 2) {
-      // The dQ warpgroup: per step, wait for its dS^T buffer, dQ[str0 .. + 64] += dS K over the
-      // CTA's 128 keys (warp w: rows 32 (w / 2) .. + 32 as two m16 tiles, columns 16 (w % 2)
-      // .. + 16), hand the buffer back and add its dQ to the workspace.
-      setmaxnreg_dec<PSA_FA2_BWD90_DQ_REGS>();
-      uint32_t kq[Tr::kBlockN / 16][4];
-      load_dq_b_fragments(kq);
-      const int w = warp - 8, np = w % (kDk / 16);
-      // Both buffers start empty; a buffer is handed back only where a later step refills it,
-      // so that no barrier is left with arrivals nobody waits for.
-      if (it_begin < it_end) ring_arrive<kEmptyBarrier>(it_begin & 1);
-      if (it_begin + 1 < it_end) ring_arrive<kEmptyBarrier>((it_begin + 1) & 1);
-      for (int it = it_begin; it < it_end; ++it) {
-        const int buf = it & 1;
-        const uint16_t* ds_buf = sDS + buf * DSTile::kElems;
-        ring_sync<kFullBarrier>(buf);
-        float q[2][2][4] = {};  // [m16 tile][n8 half][fragment]
-#pragma unroll
-        for (int ks = 0; ks < Tr::kBlockN / 16; ++ks) {
-#pragma unroll
-          for (int mi = 0; mi < 2; ++mi) {
-            const int mt = (w / 2) * 2 + mi;
-            uint32_t a[4];
-            const int jj = ks * 16 + (lane & 7) + ((lane >> 4) << 3);
-            const int ii = mt * 16 + ((lane >> 3) & 1) * 8;
-            ffwd::ldsm_x4_trans(a, ffwd::smem_u32(ds_buf + DSTile::off(jj, ii)));
-            ffwd::mma_16816<kDtype>(q[mi][0], a, kq[ks][0], kq[ks][1]);
-            ffwd::mma_16816<kDtype>(q[mi][1], a, kq[ks][2], kq[ks][3]);
-          }
-        }
-        if (it + 2 < it_end) ring_arrive<kEmptyBarrier>(buf);
-        const int str0 = it * kBlockM;
-#pragma unroll
-        for (int mi = 0; mi < 2; ++mi) {
-          const int mt = (w / 2) * 2 + mi;
-          fbwd::red_add_dq_block<kDk>(ws + (int64_t(bh) * n_pad + str0 + mt * 16) * kDk, q[mi],
-                                      np * 16);
-        }
-      }
-      return;  // the MMA warpgroups' barriers from here on are theirs (exited threads count)
-    }
-    setmaxnreg_inc<PSA_FA2_BWD90_MMA_REGS>();
   }
-
-  uint32_t kf[kDk / 16][4];  // A fragments of this warp's 16 keys
-  uint32_t vf[kDv / 16][4];
-  ffwd::load_a_fragments<KTile, kCF>(kf, sK, warp % 4, lane);
-  ffwd::load_a_fragments<VTile, kCF>(vf, sV, warp % 4, lane);
-  uint32_t kq[Tr::kBlockN / 16][4];
-  if constexpr (!Tr::kDqWarpgroup) load_dq_b_fragments(kq);
 
   const uint64_t q_s_desc = QS::descriptor(sQ);
   const uint64_t do_p_desc = DOP::descriptor(sDO);
@@ -556,7 +454,6 @@ __global__ void __launch_bounds__(
 
     // A fragments of k16 step kk over the streamed rows (16kk ..).
     uint32_t pf[kBlockM / 16][4], df[kBlockM / 16][4];
-    if constexpr (Tr::kDqWarpgroup) ring_sync<kEmptyBarrier>(it & 1);  // dQ has read it
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
       ffwd::pack_a_fragment<kDtype>(pf[kk], s, kk);
@@ -568,7 +465,6 @@ __global__ void __launch_bounds__(
       const int ds_col = kk * 16 + (lane / 16) * 8;
       stsm_x4(ffwd::smem_u32(ds_buf + DSTile::off(ds_key, ds_col)), df[kk]);
     }
-    if constexpr (Tr::kDqWarpgroup) ring_arrive<kFullBarrier>(it & 1);
 
     // dV += P^T dO and dK += dS^T Q, in flight during dQ below.
     wgmma::pin(dv_acc);
@@ -590,10 +486,7 @@ __global__ void __launch_bounds__(
     // the next step's rows (landed: every group issued so far; visible to the async proxy),
     // and every thread is past the waits on the products that read the previous step's stage,
     // which is refilled.
-    if constexpr (Tr::kDqWarpgroup) {
-      publish_copies_to_mma<Tr::kStages - 3>();  // as below, without dS^T
-      issue_stream(it + Tr::kStages - 1);
-    } else if constexpr (Tr::kOneBarrier) {
+    if constexpr (Tr::kOneBarrier) {
       publish_copies<Tr::kStages - 3>();  // step it + 1's rows; younger ones may stay in flight
       issue_stream(it + Tr::kStages - 1);
     } else {
@@ -603,7 +496,7 @@ __global__ void __launch_bounds__(
     // dQ[str0 .. + 64] += dS K over the CTA's 128 keys: warp w computes the 16 x 16 block
     // (rows 16 (w / 2), columns 16 (w % 2)), in PSA_FA2_BWD90_DQ_CHAINS chains of MMAs (k16
     // steps round robin) that are summed at the end, so that fewer of them wait on each other.
-    if constexpr (!Tr::kDqWarpgroup) {
+    {
       static_assert(kBlockM / 16 * (kDk / 16) == Tr::kThreads / 32, "one dQ block per warp");
       const int mt = warp / (kDk / 16), np = warp % (kDk / 16);
       constexpr int kChains = PSA_FA2_BWD90_DQ_CHAINS;
@@ -730,7 +623,7 @@ void flash_bwd_sm90_instance(const BwdParams& p, cudaStream_t stream) {
       fbwd_sm90::flash_bwd_sm90_kernel<kDtype, kDk, kDv, kLayout, kVecBytes, kStreamVecBytes>;
   constexpr int smem = Tr::kSmemBytes;
   allow_dynamic_smem_once<kernel>(smem);
-  kernel<<<grid_own, Tr::kCtaThreads, smem, stream>>>(p, ws, n_pad, gran, split);
+  kernel<<<grid_own, Tr::kThreads, smem, stream>>>(p, ws, n_pad, gran, split);
   fbwd::bwd_convert_dq_kernel<C><<<grid_rows, 256, 0, stream>>>(p, ws, n_pad, gran);
 }
 
