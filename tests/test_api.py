@@ -354,7 +354,10 @@ def test_psa_attention_training_step_in_a_cuda_graph(deterministic):
     def step():
         out = psa_fa2_ext.psa_attention(*x.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], 2))
         out.backward(g)
-        return out
+        # Detached, as a training loop keeps no graph past its step: the captured step's graph
+        # kept alive would hand the eager steps its AccumulateGrad node, recorded on the
+        # capture's stream (autograd warns about that mismatch).
+        return out.detach()
 
     torch.use_deterministic_algorithms(deterministic, warn_only=True)
     try:
