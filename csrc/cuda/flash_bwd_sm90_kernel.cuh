@@ -104,6 +104,11 @@
 // 1479-1490 against 1474-1482 at 8,4,6400, 33.5-34.2 against 33.1-33.5 at 16,4,400. So dQ was
 // not what a step waited for (it runs while dV and dK are in flight); the two warpgroups' own
 // chain (S^T and dP^T, the exponentials, dV and dK, in lockstep) is.
+// Also measured (bwd_dq_spread.txt in bench/results/h200-2026-12-03-3e9af36, timing only): the
+// dQ reductions of key tile t into copy t % k of the workspace, so that the CTAs running at once
+// (which stream the same query rows) add into k places rather than one: 1.01-1.02x slower with
+// two copies at 1,2,62464, more with four and eight, and slower at every smaller shape. The
+// reductions' contention for the same addresses is not the limit either.
 // Also tried, each correct and slower at B,H,N = 8,4,6400 (before the K fragments stayed in
 // registers; bench/results/h200-2026-12-01-a1a6064/bwd_variants.md):
 //   - one warpgroup of 64 keys per CTA and two CTAs per SM, so that independent CTAs
