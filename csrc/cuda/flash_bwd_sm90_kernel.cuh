@@ -104,6 +104,10 @@
 // 1479-1490 against 1474-1482 at 8,4,6400, 33.5-34.2 against 33.1-33.5 at 16,4,400. So dQ was
 // not what a step waited for (it runs while dV and dK are in flight); the two warpgroups' own
 // chain (S^T and dP^T, the exponentials, dV and dK, in lockstep) is.
+// A clock64 trace of one CTA (bwd_phase_trace.txt there; the stamps slow it by 9-19%) splits a
+// step at 1,2,62464 into: S^T and dP^T issued 250-380 cycles, S^T waited for 50-110, the
+// exponentials 520-610, dS^T 150-200, dV and dK issued 180-260, the CTA barrier 300-520, dQ
+// 450-540 (dV and dK land meanwhile), of about 2630.
 // Also measured (bwd_dq_spread.txt in bench/results/h200-2026-12-03-3e9af36, timing only): the
 // dQ reductions of key tile t into copy t % k of the workspace, so that the CTAs running at once
 // (which stream the same query rows) add into k places rather than one: 1.01-1.02x slower with
