@@ -104,21 +104,23 @@
 // 1479-1490 against 1474-1482 at 8,4,6400, 33.5-34.2 against 33.1-33.5 at 16,4,400. So dQ was
 // not what a step waited for (it runs while dV and dK are in flight); the two warpgroups' own
 // chain (S^T and dP^T, the exponentials, dV and dK, in lockstep) is.
-// A clock64 trace of one CTA (bwd_phase_trace.txt there; the stamps slow it by 9-19%) splits a
-// step at 1,2,62464 into: S^T and dP^T issued 250-380 cycles, S^T waited for 50-110, the
-// exponentials 520-610, dS^T 150-200, dV and dK issued 180-260, the CTA barrier 300-520, dQ
-// 450-540 (dV and dK land meanwhile), of about 2630.
-// Measured, not yet taken (bwd_neg_lse_preprocess.patch and bwd_neg_lse_ab.txt there): -lse
-// log2(e) written per row by the preprocess and streamed instead of lse, which removes the three
-// FMULs that ptxas places between the first two S^T wgmmas (Nsight Compute has them waiting for
-// their shared-memory load, ncu_bwd_hotspots.txt): 1.1% at 1,2,62464, 0.5-1.5% at 8,4,6400 and
-// 16,4,1600. Its one GPU test run failed test_backward_fast_rising_scores (fp16, channel-first,
-// dq 4.81e-2 against 4.07e-2) and could not be repeated; the arithmetic is the same.
-// Also measured (bwd_dq_spread.txt in bench/results/h200-2026-12-03-3e9af36, timing only): the
-// dQ reductions of key tile t into copy t % k of the workspace, so that the CTAs running at once
-// (which stream the same query rows) add into k places rather than one: 1.01-1.02x slower with
-// two copies at 1,2,62464, more with four and eight, and slower at every smaller shape. The
-// reductions' contention for the same addresses is not the limit either.
+// Also measured, in bench/results/h200-2026-12-03-3e9af36:
+//   - a clock64 trace of one CTA (bwd_phase_trace.txt; the stamps slow it by 9-19%), which
+//     splits a step at 1,2,62464 into: S^T and dP^T issued 250-380 cycles, S^T waited for
+//     50-110, the exponentials 520-610, dS^T 150-200, dV and dK issued 180-260, the CTA barrier
+//     300-520, dQ 450-540 (dV and dK land meanwhile), of about 2630;
+//   - the dQ reductions of key tile t into copy t % k of the workspace (bwd_dq_spread.txt,
+//     timing only), so that the CTAs running at once (which stream the same query rows) add
+//     into k places rather than one: 1.01-1.02x slower with two copies at 1,2,62464, more with
+//     four and eight, slower at every smaller shape. Contention for the same addresses is not
+//     the limit either;
+//   - not yet taken: -lse log2(e) written per row by the preprocess and streamed instead of lse
+//     (bwd_neg_lse_preprocess.patch, bwd_neg_lse_ab.txt), which removes the three FMULs that
+//     ptxas places between the first two S^T wgmmas (Nsight Compute has them waiting for their
+//     shared-memory load: ncu_bwd_hotspots.txt): 1.1% at 1,2,62464, 0.5-1.5% at 8,4,6400 and
+//     16,4,1600. Its one GPU test run failed test_backward_fast_rising_scores (fp16,
+//     channel-first, dq 4.81e-2 against 4.07e-2) and could not be repeated; the arithmetic is
+//     the same.
 // Also tried, each correct and slower at B,H,N = 8,4,6400 (before the K fragments stayed in
 // registers; bench/results/h200-2026-12-01-a1a6064/bwd_variants.md):
 //   - one warpgroup of 64 keys per CTA and two CTAs per SM, so that independent CTAs
