@@ -114,13 +114,35 @@
 //     into k places rather than one: 1.01-1.02x slower with two copies at 1,2,62464, more with
 //     four and eight, slower at every smaller shape. Contention for the same addresses is not
 //     the limit either;
-//   - not yet taken: -lse log2(e) written per row by the preprocess and streamed instead of lse
+//   - not taken: -lse log2(e) written per row by the preprocess and streamed instead of lse
 //     (bwd_neg_lse_preprocess.patch, bwd_neg_lse_ab.txt), which removes the three FMULs that
 //     ptxas places between the first two S^T wgmmas (Nsight Compute has them waiting for their
 //     shared-memory load: ncu_bwd_hotspots.txt): 1.1% at 1,2,62464, 0.5-1.5% at 8,4,6400 and
-//     16,4,1600. Its one GPU test run failed test_backward_fast_rising_scores (fp16,
-//     channel-first, dq 4.81e-2 against 4.07e-2) and could not be repeated; the arithmetic is
-//     the same.
+//     16,4,1600. Timed again at 9c9412b (h200-2026-12-03-9c9412b/bwd_neg_lse_ab.txt): even at
+//     1,2,62464 (8724 / 8748 against 8728 / 8741 us), 1.3% at 8,4,6400, 1.7% at 16,4,1600. The
+//     arithmetic is the same, yet test_backward_fast_rising_scores (fp16, channel-first, dq just
+//     above 2x eager's error: 4.81e-2 against 4.07e-2, 3.29e-2 against 3.25e-2) failed in 2 of
+//     11 runs with it and in none of 19 without (rising_scores_repeats.txt there): too little
+//     gain to take while that is unexplained.
+// Also tried at 9c9412b, each slower (bench/tune/tune_bwd.cu, alternating runs; the patches and
+// timings in bench/results/h200-2026-12-03-9c9412b):
+//   - the warpgroups taking turns (named barriers) to issue S^T / dP^T, so that warpgroup 1's
+//     products run while warpgroup 0 exponentiates: 3-5% slower at every shape (9099-9120
+//     against 8682-8722 us at 1,2,62464); turns for dV / dK as well, 5%. The CTA barrier of
+//     each step lines the warpgroups up again, so the offset only delays warpgroup 1
+//     (bwd_turns.txt).
+//   - dV issued as soon as P^T is packed, before dS^T is computed: 14% slower (9952-9987 us),
+//     and it spilled (255 registers); each warp's dQ over its own warpgroup's 64 keys before the
+//     CTA barrier (after a warpgroup barrier), the rest after it: 15% slower (10025-10088 us),
+//     both 27% (bwd_early_dv_dq_own_first.txt).
+//   - steps of 128 streamed rows (two 64-row sub-tiles, six or eight stages, the K fragments of
+//     dQ loaded per step to make room; lse read once S^T has landed, D once dP^T has): half the
+//     CTA barriers, correct (test_fast_kernels, test_attention, test_api and memcheck passed
+//     with it), and 13-14% slower at 1,2,62464 (9906-10000 against 8745-8764 us), 14% at
+//     8,4,6400, 15% at 16,4,400 (bwd_subtiles.txt). Longer phases in lockstep: the whole CTA
+//     exponentiates 64 scores per thread while the tensor pipe idles, then the reverse. The same
+//     code at 64 rows ran 2% slower than the tree's (the registers placed differently), and with
+//     lse and D read late as even.
 // Also tried, each correct and slower at B,H,N = 8,4,6400 (before the K fragments stayed in
 // registers; bench/results/h200-2026-12-01-a1a6064/bwd_variants.md):
 //   - one warpgroup of 64 keys per CTA and two CTAs per SM, so that independent CTAs
