@@ -128,9 +128,9 @@
 // timings in bench/results/h200-2026-12-03-9c9412b):
 //   - the warpgroups taking turns (named barriers) to issue S^T / dP^T, so that warpgroup 1's
 //     products run while warpgroup 0 exponentiates: 3-5% slower at every shape (9099-9120
-//     against 8682-8722 us at 1,2,62464); turns for dV / dK as well, 5%. The CTA barrier of
-//     each step lines the warpgroups up again, so the offset only delays warpgroup 1
-//     (bwd_turns.txt).
+//     against 8682-8722 us at 1,2,62464); turns for dV / dK as well, 5% (bwd_turns.txt). Not
+//     profiled; presumably the CTA barrier of each step lines the warpgroups up again, so that
+//     the offset only delays warpgroup 1.
 //   - dV issued as soon as P^T is packed, before dS^T is computed: 14% slower (9952-9987 us),
 //     and it spilled (255 registers); each warp's dQ over its own warpgroup's 64 keys before the
 //     CTA barrier (after a warpgroup barrier), the rest after it: 15% slower (10025-10088 us),
@@ -139,10 +139,10 @@
 //     dQ loaded per step to make room; lse read once S^T has landed, D once dP^T has): half the
 //     CTA barriers, correct (test_fast_kernels, test_attention, test_api and memcheck passed
 //     with it), and 13-14% slower at 1,2,62464 (9906-10000 against 8745-8764 us), 14% at
-//     8,4,6400, 15% at 16,4,400 (bwd_subtiles.txt). Longer phases in lockstep: the whole CTA
-//     exponentiates 64 scores per thread while the tensor pipe idles, then the reverse. The same
-//     code at 64 rows ran 2% slower than the tree's (the registers placed differently), and with
-//     lse and D read late as even.
+//     8,4,6400, 15% at 16,4,400 (bwd_subtiles.txt). Not profiled; presumably the longer phases
+//     in lockstep (the whole CTA exponentiates 64 scores per thread while the tensor pipe idles,
+//     then the reverse). The same code at 64 rows ran 2% slower than the tree's (ptxas placed
+//     the registers differently), and with lse and D read late about even.
 // Also tried, each correct and slower at B,H,N = 8,4,6400 (before the K fragments stayed in
 // registers; bench/results/h200-2026-12-01-a1a6064/bwd_variants.md):
 //   - one warpgroup of 64 keys per CTA and two CTAs per SM, so that independent CTAs
