@@ -143,6 +143,15 @@
 //     in lockstep (the whole CTA exponentiates 64 scores per thread while the tensor pipe idles,
 //     then the reverse). The same code at 64 rows ran 2% slower than the tree's (ptxas placed
 //     the registers differently), and with lse and D read late about even.
+//   - the warpgroups decoupled again, this time with no barrier shared by the two in the step
+//     (a patch of 7c8b8b4, bwd_decoupled_mbarriers.patch): the stream ring published and released
+//     through mbarriers (each thread waits for its own copies, fences them and arrives on the
+//     stage's "full" barrier; it arrives on "empty" once its step's wgmmas have landed; a stage
+//     is refilled kStages - 2 steps ahead once both warpgroups have released it), and each
+//     warpgroup adding the dQ of its own 64 keys (a warpgroup barrier between its dS^T and its
+//     dQ; twice the reductions). Correct by the checksums, and slower: 16% at 1,2,62464 (10165 /
+//     10183 against 8811 / 8742 us), 11% with four stages (9742 / 9789), 20% with turns on top
+//     (10470 / 10535); 15-16% / 12% / 21% at 8,4,6400 (bwd_decoupled_mbarriers.txt).
 // Also tried, each correct and slower at B,H,N = 8,4,6400 (before the K fragments stayed in
 // registers; bench/results/h200-2026-12-01-a1a6064/bwd_variants.md):
 //   - one warpgroup of 64 keys per CTA and two CTAs per SM, so that independent CTAs
