@@ -152,6 +152,18 @@
 //     dQ; twice the reductions). Correct by the checksums, and slower: 16% at 1,2,62464 (10165 /
 //     10183 against 8811 / 8742 us), 11% with four stages (9742 / 9789), 20% with turns on top
 //     (10470 / 10535); 15-16% / 12% / 21% at 8,4,6400 (bwd_decoupled_mbarriers.txt).
+// Where a step's time goes, by ablation (bwd_ablations.patch, PSA_FA2_BWD90_ABLATE; timing only,
+// the gradients are wrong; bwd_ablations.txt, two runs, against 8704-8752 us at 1,2,62464 and
+// 1508-1511 at 8,4,6400 for the tree): without the exponentials 8132 / 8144 us (-7%; -6% at
+// 8,4,6400); without the dV / dK wgmmas 8178 / 8192 (-6%; -5%); without the S^T / dP^T wgmmas
+// 7096 / 7108 (-19%; -17%); without any wgmma 6083 / 6089 (-30%; -27%); without dQ's MMAs and
+// ldmatrix (its zeros still reduced) 7857 / 7868 (-10%; -8%); without dQ's reductions (its MMAs
+// kept) 7244 / 7296 (-17%; -15%). The reductions cost more than the MMAs that make dQ, while
+// spreading them over more addresses did not help (above): it is the instructions (two
+// shuffles and a 16-byte red per lane and n8 block, every step) rather than the additions.
+// bwd_bulk_dq.patch (there; compiled, not yet run on a GPU) stores each step's dQ block to
+// shared memory instead and has one thread add it with a bulk asynchronous reduction after the
+// next step's barrier, as FlashAttention-3 does.
 // Also tried, each correct and slower at B,H,N = 8,4,6400 (before the K fragments stayed in
 // registers; bench/results/h200-2026-12-01-a1a6064/bwd_variants.md):
 //   - one warpgroup of 64 keys per CTA and two CTAs per SM, so that independent CTAs
