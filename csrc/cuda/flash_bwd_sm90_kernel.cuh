@@ -159,8 +159,9 @@
 // 7096 / 7108 (-19%; -17%); without any wgmma 6083 / 6089 (-30%; -27%); without dQ's MMAs and
 // ldmatrix (its zeros still reduced) 7857 / 7868 (-10%; -8%); without dQ's reductions (its MMAs
 // kept) 7244 / 7296 (-17%; -15%). The reductions cost more than the MMAs that make dQ, while
-// spreading them over more addresses did not help (above): it is the instructions (two
-// shuffles and a 16-byte red per lane and n8 block, every step) rather than the additions.
+// spreading them over more addresses did not help (above), so presumably the cost is in issuing
+// them (two shuffles and a 16-byte red per lane and n8 block, every step) rather than in
+// contention for the additions.
 // bwd_bulk_dq.patch (there; compiled, not yet run on a GPU) stores each step's dQ block to
 // shared memory instead and has one thread add it with a bulk asynchronous reduction after the
 // next step's barrier, as FlashAttention-3 does.
