@@ -33,9 +33,10 @@ elif [ "$kernel" = bwd ]; then
     [four_stages]="-DPSA_FA2_BWD90_STAGES=4"
     [no_tail_split]="-DPSA_FA2_BWD90_TAIL_SPLIT=0"
     [pieces_of_four_steps]="-DPSA_FA2_BWD90_MIN_STEPS=4"
+    [dq_red_in_step]="-DPSA_FA2_BWD90_LATE_DQ_RED=0"
   )
   order="default two_barriers late_lse two_dq_chains three_stages four_stages no_tail_split
-    pieces_of_four_steps"
+    pieces_of_four_steps dq_red_in_step"
   tests="wgmma_on_hopper or wgmma_tail_split or backward_fast_rising_scores"
   timing="bench/bwd_schedules.py"
 else

@@ -155,24 +155,29 @@ __device__ __forceinline__ void red_add4(float* addr, float a, float b, float c,
 #endif
 }
 
+// The fp32 dQ workspace keeps each row's 16-column groups in the order of the mma.sync C
+// fragments rather than by column: 16-byte chunk t of a group holds columns 2t, 2t + 1, 8 + 2t,
+// 9 + 2t, which are what lane t of a quad holds of that row in the two n8 fragments of the
+// group. Each lane then adds its values with two vector reductions and no shuffles; the dQ
+// conversion puts the columns back in order. On the H200 this made the wgmma backward 2-3%
+// faster than pair lanes trading halves first (four shuffles and eight selects per lane and
+// block; bench/results/h200-2026-12-03-7281e64/dq_red_ab.txt), the same at half the bytes
+// (8-byte reductions): issuing them is the cost, not the traffic.
+__device__ __forceinline__ int dq_fragment_order_column(int chunk_first_column) {
+  const int c = chunk_first_column;
+  return (c & ~15) + ((c >> 1) & 6);  // the first of columns 2t, 2t + 1, 8 + 2t, 9 + 2t
+}
+
 // Adds a warp's 16 x 16 block of dQ (two C fragments: columns col0 .. col0 + 7 and col0 + 8 ..
-// col0 + 15) to the fp32 workspace, whose block starts at row0 (rows of kD floats). Pair lanes
-// (t, t^1) swap halves so each lane holds 4 consecutive columns of one row (even lanes row g,
-// odd lanes row g+8): one vector reduction per lane and C fragment.
+// col0 + 15, col0 a multiple of 16) to the fp32 workspace in fragment order, whose block
+// starts at row0 (rows of kD floats).
 template <int kD>
 __device__ __forceinline__ void red_add_dq_block(float* row0, const float (&q)[2][4], int col0) {
+  static_assert(kD % 16 == 0, "whole 16-column groups");
   const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const bool odd = t & 1;
-  float* rowbase = row0 + (g + (odd ? 8 : 0)) * kD;
-#pragma unroll
-  for (int nt = 0; nt < 2; ++nt) {
-    const float x0 = q[nt][0], x1 = q[nt][1], x2 = q[nt][2], x3 = q[nt][3];
-    const float y0 = __shfl_xor_sync(0xffffffffu, odd ? x0 : x2, 1);
-    const float y1 = __shfl_xor_sync(0xffffffffu, odd ? x1 : x3, 1);
-    const int col = col0 + nt * 8 + 2 * (t & ~1);
-    // Selects, not a branch: both halves of the warp issue one reduction together.
-    red_add4(rowbase + col, odd ? y0 : x0, odd ? y1 : x1, odd ? x2 : y0, odd ? x3 : y1);
-  }
+  float* const row_g = row0 + g * kD + col0 + 4 * t;
+  red_add4(row_g, q[0][0], q[0][1], q[1][0], q[1][1]);
+  red_add4(row_g + 8 * kD, q[0][2], q[0][3], q[1][2], q[1][3]);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -808,10 +813,12 @@ __global__ void __launch_bounds__(256) bwd_convert_dq_kernel(const __grid_consta
   for (int i = threadIdx.x; i < R * kD / 4; i += 256) {
     const float4 v = reinterpret_cast<const float4*>(src)[i];
     const int r = (i * 4) / kD, d = (i * 4) % kD;
-    s[St::off(r, d)] = v.x;
-    s[St::off(r, d + 1)] = v.y;
-    s[St::off(r, d + 2)] = v.z;
-    s[St::off(r, d + 3)] = v.w;
+    // Back from fragment order (red_add_dq_block).
+    const int c = dq_fragment_order_column(d);
+    s[St::off(r, c)] = v.x;
+    s[St::off(r, c + 1)] = v.y;
+    s[St::off(r, c + 8)] = v.z;
+    s[St::off(r, c + 9)] = v.w;
   }
   __syncthreads();
   T* gQ = static_cast<T*>(p.dq.ptr) + b * p.dq.stride_b + h * p.dq.stride_h;

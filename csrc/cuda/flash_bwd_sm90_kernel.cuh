@@ -71,6 +71,11 @@
 #ifndef PSA_FA2_BWD90_EARLY_LSE
 #define PSA_FA2_BWD90_EARLY_LSE 1  // 1: read lse and D before the S^T / dP^T wgmmas, 0: after
 #endif
+#ifndef PSA_FA2_BWD90_LATE_DQ_RED
+// 1: a step's dQ reductions are issued in the next step, once its S^T / dP^T wgmmas are, rather
+// than right after the dQ MMAs, whose results they would wait for at the end of the step.
+#define PSA_FA2_BWD90_LATE_DQ_RED 1
+#endif
 #ifndef PSA_FA2_BWD90_DQ_CHAINS
 #define PSA_FA2_BWD90_DQ_CHAINS 1  // independent accumulator chains of the dQ MMAs (1 or 2;
                                    // 2 measured 0-5% slower, h200-2026-12-01-5bb34ec)
@@ -162,9 +167,27 @@
 // spreading them over more addresses did not help (above), so presumably the cost is in issuing
 // them (two shuffles and a 16-byte red per lane and n8 block, every step) rather than in
 // contention for the additions.
-// bwd_bulk_dq.patch (there; compiled, not yet run on a GPU) stores each step's dQ block to
-// shared memory instead and has one thread add it with a bulk asynchronous reduction after the
-// next step's barrier, as FlashAttention-3 does.
+// bwd_bulk_dq.patch (there) stores each step's dQ block to shared memory instead and has one
+// thread add it with a bulk asynchronous reduction after the next step's barrier, as
+// FlashAttention-3 does: correct (the wgmma backward tests passed), and 1-4% slower at every
+// shape (8784-8839 against 8679-8757 us at 1,2,62464; bench/results/h200-2026-12-03-7281e64/
+// bwd_bulk_dq_ab.txt, four alternating runs).
+// What the reductions cost is issuing them (bench/results/h200-2026-12-03-7281e64, three
+// alternating runs each, bench/tune/tune_bwd.cu):
+//   - the workspace in fragment order (fbwd::red_add_dq_block), which drops the four shuffles
+//     and eight selects per lane and step that lined each lane's values up by column: 8497-8522
+//     against 8726-8760 us at 1,2,62464, 1479 against 1508-1511 at 8,4,6400, 239 against 244 at
+//     16,4,1600 (dq_red_ab.txt). Timing only, in the same runs: half the bytes in the same
+//     number of reductions (8-byte ones) changed nothing (8514-8548 us), half the reductions
+//     of 16 bytes took 8288-8335 us;
+//   - those reductions issued one step late (PSA_FA2_BWD90_LATE_DQ_RED), after the next step's
+//     S^T / dP^T wgmmas, so that the warp does not wait for its dQ MMAs at the end of a step:
+//     8226-8369 against 8470-8509 us at 1,2,62464, 1442-1444 against 1468-1478 at 8,4,6400,
+//     even at 16,4,1600, 1% slower at 16,4,400 (33.1-33.3 against 32.6-32.9 us;
+//     dq_late_red_ab.txt). 253 registers, no spills.
+// Timing only, in those runs: streaming no rows after the prologue (no copies in the steps)
+// took 7624-7644 us at 1,2,62464 and 1351-1352 at 8,4,6400, 6-8% less: the most that bulk
+// copies of the rows (one thread, an mbarrier per stage) could save.
 // Also tried, each correct and slower at B,H,N = 8,4,6400 (before the K fragments stayed in
 // registers; bench/results/h200-2026-12-01-a1a6064/bwd_variants.md):
 //   - one warpgroup of 64 keys per CTA and two CTAs per SM, so that independent CTAs
@@ -444,6 +467,11 @@ __global__ void __launch_bounds__(
   // One step: the 64 streamed rows at str0, in stage `stage`. kMasked: some owned key or some
   // streamed row is past N. The caller branches once per step, so the other steps carry no
   // range checks (ptxas would otherwise turn them into selects on every score).
+  // Deferred dQ reductions (PSA_FA2_BWD90_LATE_DQ_RED): the dQ block of the previous step and
+  // where it goes (nullptr: none).
+  float dq_pending[2][4];
+  float* dq_pending_row0 = nullptr;
+  const int dq_np = warp % (kDk / 16);
   auto step = [&](int it, int stage, auto masked) {
     const int str0 = it * kBlockM;
     uint16_t* const ds_buf = sDS + (Tr::kDSBuffers == 2 ? (it & 1) * DSTile::kElems : 0);
@@ -488,6 +516,11 @@ __global__ void __launch_bounds__(
       }
     }
     wgmma::commit_group();
+    if constexpr (PSA_FA2_BWD90_LATE_DQ_RED) {
+      if (dq_pending_row0 != nullptr) {
+        fbwd::red_add_dq_block<kDk>(dq_pending_row0, dq_pending, dq_np * 16);
+      }
+    }
 
     // P^T while dP^T is in flight. Columns are query rows: 8j + 2t and 8j + 2t + 1.
     wgmma::wait_group<1>();
@@ -582,8 +615,17 @@ __global__ void __launch_bounds__(
           for (int e = 0; e < 4; ++e) q[0][h8][e] += q[1][h8][e];
         }
       }
-      fbwd::red_add_dq_block<kDk>(ws + (int64_t(bh) * n_pad + str0 + mt * 16) * kDk, q[0],
-                                  np * 16);
+      if constexpr (PSA_FA2_BWD90_LATE_DQ_RED) {
+#pragma unroll
+        for (int h8 = 0; h8 < 2; ++h8) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dq_pending[h8][e] = q[0][h8][e];
+        }
+        dq_pending_row0 = ws + (int64_t(bh) * n_pad + str0 + mt * 16) * kDk;
+      } else {
+        fbwd::red_add_dq_block<kDk>(ws + (int64_t(bh) * n_pad + str0 + mt * 16) * kDk, q[0],
+                                    np * 16);
+      }
     }
 
     // dV and dK landed: their A fragments and this stage may be reused.
@@ -614,6 +656,11 @@ __global__ void __launch_bounds__(
       step(it, stage, std::false_type{});
     }
     stage = stage + 1 == Tr::kStages ? 0 : stage + 1;
+  }
+  if constexpr (PSA_FA2_BWD90_LATE_DQ_RED) {  // the last step's
+    if (dq_pending_row0 != nullptr) {
+      fbwd::red_add_dq_block<kDk>(dq_pending_row0, dq_pending, dq_np * 16);
+    }
   }
   ffwd::cp_async_wait<0>();  // the empty groups, before the epilogue reuses shared memory
 
