@@ -44,6 +44,17 @@ for warpgroups in ("2", "3"):
         k[..., 0] = torch.linspace(0, 48 / (32 ** -0.5 * 1.4426950408889634), N, device="cuda")
         torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
 os.environ.pop("PSA_FA2_KV_TILE_IMAGES")
+# The wgmma backward on stream images of Q and dO (bulk copies, mbarriers; Hopper): one partial
+# step, and 26 steps with a partial last one (2-byte K / V rows), on two heads.
+os.environ["PSA_FA2_BWD_STREAM_IMAGES"] = "1"
+for N in (37, 1601):
+    x = torch.randn(1, 2 * 128, N, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (t.transpose(2, 3) for t in x.view(1, 2, 128, N).split([32, 32, 64], 2))
+    out, lse = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
+    dout = torch.randn_like(out)
+    dq, dk_, dv_ = torch.zeros_like(q), torch.zeros_like(k), torch.empty_like(v)
+    torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, 32 ** -0.5, dq, dk_, dv_, "fast", False)
+os.environ.pop("PSA_FA2_BWD_STREAM_IMAGES")
 # fp32: the exact forward ("highest") and the TF32 one ("high"), and the FFMA backward, at
 # masked tails (97 tokens: two key tiles, the second partial; four row steps, the last of one).
 # Both sizes split the forward's keys, exact and TF32 (2 and 7 CTAs per row tile, then the

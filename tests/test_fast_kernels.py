@@ -266,13 +266,14 @@ def test_forward_picks_three_warpgroup_images_by_waves():
 
 @pytest.mark.parametrize("N,vec", BWD_ALIGNED_COPY_CASES, ids=case_ids(BWD_ALIGNED_COPY_CASES))
 @dtypes
-def test_backward_wgmma_copies_q_dout_to_aligned_rows(N, vec, dtype):
+def test_backward_wgmma_copies_q_dout_to_aligned_rows(N, vec, dtype, monkeypatch):
     """The backward's streamed Q and dO, on narrow or misaligned rows, are copied to 128-byte
-    aligned rows, and the wgmma kernel with 16-byte Q / dO copies runs ("cfs": K, V and the
-    gradients keep their vec-byte accesses). Its gradients against float64, accumulate and
-    overwrite, NaN-filled outputs."""
+    aligned rows (stream images turned off), and the wgmma kernel with 16-byte Q / dO copies
+    runs ("cfs": K, V and the gradients keep their vec-byte accesses). Its gradients against
+    float64, accumulate and overwrite, NaN-filled outputs."""
     if not on_hopper():
         pytest.skip("the aligned Q / dO copies feed the wgmma backward (Hopper) only")
+    monkeypatch.setenv("PSA_FA2_BWD_STREAM_IMAGES", "0")
     _, q, k, v = make_qkv(1, 2, N, 32, 64, dtype, "cuda", "channel_first")
     names = cuda_kernels_run(fast_backward((q, k, v), False))
     assert any("copy_rows_kernel" in n for n in names), names
@@ -290,6 +291,51 @@ def test_forward_wgmma_keeps_short_rows_as_given(N, vec):
     names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast"))
     assert not any("copy_rows_kernel" in n for n in names), names
     assert re.search(rf"flash_fwd_sm90_kernel<[^>]*, {vec}, {vec}>", " ".join(names)), names
+
+
+# (N, K / V access width): a partial step only, one whole step, a whole and a partial one, and
+# longer streams at each width (N % 64 != 0 but for 64 and 6400: the last step's rows past N
+# are the images' zeros).
+BWD_STREAM_IMAGE_CASES = [(7, 2), (64, 16), (65, 2), (401, 2), (1602, 4), (6400, 16), (6404, 8)]
+
+
+@pytest.mark.parametrize("N,vec", BWD_STREAM_IMAGE_CASES, ids=case_ids(BWD_STREAM_IMAGE_CASES))
+@dtypes
+def test_backward_wgmma_reads_stream_images(N, vec, dtype, monkeypatch):
+    """With PSA_FA2_BWD_STREAM_IMAGES=1, Q and dO are copied to stream images and the wgmma
+    backward that bulk-copies them (with the lse and D rows the preprocess writes there) runs
+    (stream width 0; K and V keep their vec-byte accesses). Its gradients against float64 on
+    two batches of two heads (each has its own images), accumulate and overwrite, NaN-filled
+    outputs."""
+    if not on_hopper():
+        pytest.skip("the stream images feed the wgmma backward (Hopper) only")
+    monkeypatch.setenv("PSA_FA2_BWD_STREAM_IMAGES", "1")
+    _, q, k, v = make_qkv(2, 2, N, 32, 64, dtype, "cuda", "channel_first")
+    names = cuda_kernels_run(fast_backward((q, k, v), False))
+    assert any("copy_rows_kernel" in n for n in names), names
+    joined = " ".join(names)
+    assert re.search(rf"flash_bwd_sm90_kernel<[^>]*, {vec}, 0>", joined), joined
+    check_backward("cuda", "fast", N, 32, 64, dtype, "channel_first", heads=(2, 2))
+
+
+def test_backward_stream_images_follow_the_threshold(monkeypatch):
+    """Unset, PSA_FA2_BWD_STREAM_IMAGES leaves the choice to the dispatch: stream images where
+    Q and dO would be copied to aligned rows anyway, from 6400 tokens on; rows that need no
+    copy are read as they are. 0 turns the images off (the aligned rows again)."""
+    if not on_hopper():
+        pytest.skip("the stream images feed the wgmma backward (Hopper) only")
+    monkeypatch.delenv("PSA_FA2_BWD_STREAM_IMAGES", raising=False)
+
+    def stream_width(N):
+        _, q, k, v = make_qkv(1, 1, N, 32, 64, torch.bfloat16, "cuda", "channel_first")
+        joined = " ".join(cuda_kernels_run(fast_backward((q, k, v), False)))
+        return int(re.search(r"flash_bwd_sm90_kernel<[^>]*, (\d+)>", joined).group(1))
+
+    assert stream_width(6404) == 0 and stream_width(6401) == 0
+    assert stream_width(6400) == 16  # 128-byte rows: no copy
+    assert stream_width(1601) == 16  # aligned rows below 6400 tokens
+    monkeypatch.setenv("PSA_FA2_BWD_STREAM_IMAGES", "0")
+    assert stream_width(6404) == 16
 
 
 @pytest.mark.parametrize("N,vec", BWD_NO_COPY_CASES, ids=case_ids(BWD_NO_COPY_CASES))
@@ -381,6 +427,20 @@ def test_backward_wgmma_tail_split(case, dtype, layout):
     assert pieces >= 2 and (whole > 0) == (case != "one_wave"), (whole, pieces)
     assert case != "sixteen_pieces" or pieces == 16, pieces
     check_backward("cuda", "fast", N, 32, 64, dtype, layout, heads=(1, H))
+
+
+@pytest.mark.parametrize("case", TAIL_SPLIT_CASES)
+@dtypes
+def test_backward_wgmma_tail_split_on_stream_images(case, dtype, monkeypatch):
+    """The same shared last wave with Q and dO from stream images: each piece's first steps fill
+    its stages from its own place in the images."""
+    if not on_hopper():
+        pytest.skip("needs a compute capability 9.0 (Hopper) GPU")
+    monkeypatch.setenv("PSA_FA2_BWD_STREAM_IMAGES", "1")
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    N = TAIL_SPLIT_CASES[case]
+    H = tail_split_heads(case, -(-N // 128), sms)
+    check_backward("cuda", "fast", N, 32, 64, dtype, "channel_first", heads=(1, H))
 
 
 @pytest.mark.parametrize("N", FAST_SEQLENS)

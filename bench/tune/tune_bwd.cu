@@ -5,7 +5,8 @@
 // Prints "shape us TFLOP/s checksum"; the checksum of the gradients must agree across variants
 // up to their rounding (the dQ reductions are not ordered).
 //   nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=sm_90a [-D...] tune_bwd.cu \
-//     ../../csrc/cuda/sm90_device.cu -o tune_bwd
+//     ../../csrc/cuda/sm90_device.cu ../../csrc/cuda/copy_rows.cu -o tune_bwd
+// -DTUNE_STREAM_IMAGES times the kernel on stream images of Q and dO, their copies included.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -14,6 +15,8 @@
 
 #include "../../csrc/cuda/flash_bwd_sm90_kernel.cuh"
 #include "../../csrc/cuda/flash_fwd_sm90_kernel.cuh"
+#include "../../csrc/cuda/launchers.h"
+#include "../../csrc/cuda/stream_tile_images.h"
 #include "tune_common.cuh"
 
 using namespace psa_fa2;
@@ -21,6 +24,9 @@ using namespace psa_fa2;
 // The instantiation the dispatch runs on these inputs (declared extern in its header).
 template void psa_fa2::flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst,
                                                16, 16>(const BwdParams&, cudaStream_t);
+template void psa_fa2::flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst,
+                                               16, kStreamTileImages>(const BwdParams&,
+                                                                      cudaStream_t);
 
 void run(int B, int H, int N) {
   constexpr int dk = 32, dv = 64, C = 2 * dk + dv;
@@ -83,9 +89,29 @@ void run(int B, int H, int N) {
                           bwd_tail_split_bytes(split, kSm90BwdKeysPerCta * (dk + dv));
   CHECK(cudaMalloc(&ws, ws_bytes));
   p.workspace = ws;
+#if defined(TUNE_STREAM_IMAGES)
+  // Q and dO as stream images (stream_tile_images.h), copied in every timed call as the caller
+  // does (attention_cuda.cpp).
+  void* images;
+  CHECK(cudaMalloc(&images, size_t(bh) * stream_image_steps(N) * stream_image_step_bytes(dk, dv)));
+  p.stream_tile_images = images;
+  auto copy_to_images = [&](const Strided4& src, int channels, int channel0) {
+    RowCopy c{src.ptr, src.stride_b, src.stride_h, src.stride_d, images, 0,
+              stream_image_channels(dk, dv), channel0, B, H, channels, N};
+    c.tile_tokens = kStreamImageTokens;
+    copy_rows(c, 0);
+  };
+  auto launch = [&] {
+    copy_to_images(p.q, dk, 0);
+    copy_to_images(p.dout, dv, dk);
+    flash_bwd_sm90_instance<DType::kBFloat16, dk, dv, Layout::kChannelFirst, 16,
+                            kStreamTileImages>(p, 0);
+  };
+#else
   auto launch = [&] {
     flash_bwd_sm90_instance<DType::kBFloat16, dk, dv, Layout::kChannelFirst, 16, 16>(p, 0);
   };
+#endif
   const double us = tune::time_us(launch, N > 20000 ? 10 : 20);
   const double sum = tune::checksum(grads, n_qkv);
   const double flops = 2.0 * bh * double(N) * N * (3 * dk + 2 * dv);  // S, dP, dV, dK, dQ
@@ -98,6 +124,9 @@ void run(int B, int H, int N) {
   cudaFree(lse);
   cudaFree(delta);
   cudaFree(ws);
+#if defined(TUNE_STREAM_IMAGES)
+  cudaFree(images);
+#endif
 }
 
 int main() {

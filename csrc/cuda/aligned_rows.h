@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "launchers.h"
+#include "stream_tile_images.h"
 
 namespace psa_fa2 {
 
@@ -102,6 +103,27 @@ inline at::Tensor kv_tile_images_copy(const at::Tensor& k, const at::Tensor& v,
     copy(k, dk, 0);
     copy(v, dv, dk);
   }
+  return images;
+}
+
+// q [B, H, N, dk] and dout [B, H, N, dv] (channel-first, 2-byte elements) as the Hopper
+// backward's stream images (stream_tile_images.h): [B * H, ceil(N / 64), dk + dv + 4, 64], each
+// step's Q rows then dO's in RowCopy's tiled mode, zero past N. The lse / D rows are left to the
+// backward's preprocess.
+inline at::Tensor stream_tile_images_copy(const at::Tensor& q, const at::Tensor& dout,
+                                          cudaStream_t stream) {
+  const int64_t B = q.size(0), H = q.size(1), N = q.size(2), dk = q.size(3), dv = dout.size(3);
+  const int64_t channels = stream_image_channels(int(dk), int(dv));
+  const at::Tensor images =
+      at::empty({B * H, stream_image_steps(int(N)), channels, kStreamImageTokens}, q.options());
+  auto copy = [&](const at::Tensor& src, int64_t count, int64_t channel0) {
+    RowCopy c{src.data_ptr(), src.stride(0), src.stride(1), src.stride(3), images.data_ptr(),
+              0, channels, channel0, B, H, count, N};
+    c.tile_tokens = kStreamImageTokens;
+    copy_rows(c, stream);
+  };
+  copy(q, dk, 0);
+  copy(dout, dv, dk);
   return images;
 }
 

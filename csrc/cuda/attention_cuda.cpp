@@ -172,7 +172,13 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
     return;
   }
   if (fast) {
-    if (flash_bwd_wants_aligned_stream(p)) {
+    if (flash_bwd_wants_stream_tile_images(p)) {
+      // Freed after the launch, in stream order, like the row copies below.
+      const at::Tensor images = stream_tile_images_copy(q, dout, stream);
+      BwdParams streamed = p;
+      streamed.stream_tile_images = images.data_ptr();
+      flash_bwd(streamed, stream);
+    } else if (flash_bwd_wants_aligned_stream(p)) {
       // Q and dO on aligned rows; the copies are freed after the launch, in stream order.
       const std::vector<at::Tensor> rows =
           aligned_rows_copy({{q, s.head_dim_qk}, {dout, s.head_dim_v}},

@@ -19,6 +19,9 @@ enum class Layout : int { kTokenMajor = 0, kChannelFirst = 1 };
 // keys ("cft"), or of three on steps of 128 ("cft3"; flash_fwd_sm90_kernel.cuh).
 constexpr int kKVTileImages = 0;
 constexpr int kKVTileImages3 = 1;
+// kStreamVecBytes of the Hopper backward instantiations that read Q, dO, lse and D as stream
+// images (BwdParams::stream_tile_images; stream_tile_images.h) instead of rows.
+constexpr int kStreamTileImages = 0;
 
 // The most CTAs that share a row tile of the fp32 forward (FwdParams::kv_splits), and its
 // kernels' query rows per CTA and most keys per key tile, which its dispatch plans with.
@@ -69,6 +72,10 @@ struct BwdParams {
   bool allow_tf32;
   bool deterministic;  // bit-identical results run to run
   bool accumulate;     // dq += ..., dk += ... (else dq = ..., dk = ...)
+  // Fast Hopper backward, channel-first only: when set, Q and dO as stream images
+  // (stream_tile_images.h), which the kernel streams instead of q and dout, and whose lse / D
+  // rows the preprocess fills in. q, dout and the rest are still read as given elsewhere.
+  void* stream_tile_images;
 };
 
 }  // namespace psa_fa2

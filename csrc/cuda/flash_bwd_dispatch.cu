@@ -60,6 +60,10 @@ Sm90Fn find_sm90_with(const BwdParams& p, int vec, int stream_vec) {
 // the common one.
 Sm90Fn find_sm90(const BwdParams& p) {
   if (p.layout == Layout::kTokenMajor) return find_sm90_with(p, 16, 16);
+  if (p.stream_tile_images != nullptr) {
+    const Strided4* const others[] = {&p.k, &p.v, &p.out, &p.dq, &p.dk, &p.dv};
+    return find_sm90_with(p, fbwd::granularity_of(p, others), kStreamTileImages);
+  }
   const int vec = fbwd::channel_first_granularity(p);
   if (Sm90Fn run = find_sm90_with(p, vec, fbwd::stream_granularity(p))) return run;
   return find_sm90_with(p, vec, vec);
@@ -160,6 +164,30 @@ bool flash_bwd_wants_aligned_stream(const BwdParams& p) {
   // The others keep their width, Q and dO become 16-byte: that instantiation must exist.
   const Strided4* const others[] = {&p.k, &p.v, &p.out, &p.dq, &p.dk, &p.dv};
   return find_sm90_with(p, fbwd::granularity_of(p, others), 16) != nullptr;
+}
+
+// Stream images (stream_tile_images.h) take the copies of Q, dO, lse and D out of the wgmma
+// backward's steps: one thread fetches each step's with bulk copies. They cost a copy of Q and
+// dO, so they replace the aligned row copies where those are made anyway, from this many tokens
+// on. On the H200 (bench/tune/bwd_stream_images.py, bf16, copies included; bench/results/
+// h200-2026-12-03-7281e64/images_ab.md), images against rows: 1.03x at 1,2,62500, 1.02-1.03x
+// at 8,4,6401 and 8,4,6404, 1.00x at 16,4,1601; where the views need no copy, 0.95x at
+// 8,4,6400, 0.99x at 2,4,12800, 1.00x at 1,2,62464, 0.79-0.92x at 400 and 1600 tokens.
+// PSA_FA2_BWD_STREAM_IMAGES, read per call, overrides this: 1 wherever the kernel can, 0 never.
+constexpr int64_t kStreamImagesMinSeqlen = 6400;
+
+bool flash_bwd_wants_stream_tile_images(const BwdParams& p) {
+  const CopyChoice choice = stream_tile_images_choice();
+  if (choice == CopyChoice::kNever || p.layout != Layout::kChannelFirst ||
+      !aligned_row_copies_enabled() || !flash_bwd_supported(p) ||
+      resolve(p, BwdSchedule::kAuto) != BwdSchedule::kAtomicDQ || find_sm90(p) == nullptr)
+    return false;
+  if (choice == CopyChoice::kMeasured &&
+      (p.seqlen < kStreamImagesMinSeqlen || !flash_bwd_wants_aligned_stream(p)))
+    return false;
+  BwdParams with_images = p;
+  with_images.stream_tile_images = &with_images;  // any non-null pointer: the instance lookup
+  return find_sm90(with_images) != nullptr;
 }
 
 bool flash_bwd_supported(const BwdParams& p) {

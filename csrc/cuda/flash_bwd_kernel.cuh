@@ -36,6 +36,7 @@
 #include "bwd_copy_width.h"
 #include "flash_bwd_instances.h"
 #include "mma_softmax.cuh"
+#include "stream_tile_images.h"
 
 namespace psa_fa2 {
 namespace fbwd {
@@ -706,7 +707,8 @@ __device__ __forceinline__ void owner_pass(const BwdParams& p, char* smem, int b
 template <class C>
 __global__ void __launch_bounds__(256)
     bwd_preprocess_kernel(const __grid_constant__ BwdParams p, float* ws, int n_pad,
-                          float4* extra = nullptr, int extra_vec4 = 0) {
+                          float4* extra = nullptr, int extra_vec4 = 0,
+                          char* stream_images = nullptr) {
   using T = typename C::T;
   constexpr int R = C::kPreRows, kDV = C::kDV;
   const int bh = blockIdx.y, b = bh / p.heads, h = bh % p.heads;
@@ -751,7 +753,20 @@ __global__ void __launch_bounds__(256)
     }
     part[grp][r] = acc;
     __syncthreads();
-    if (grp == 0 && tok < n) del[tok] = (part[0][r] + part[1][r]) + (part[2][r] + part[3][r]);
+    const float d_row = (part[0][r] + part[1][r]) + (part[2][r] + part[3][r]);
+    if (grp == 0 && tok < n) del[tok] = d_row;
+    // The Hopper backward's stream images (stream_tile_images.h): this CTA's rows are one step's.
+    const int image_steps = stream_image_steps(n);
+    if (stream_images != nullptr && grp == 0 && int(blockIdx.x) < image_steps) {
+      static_assert(R == kStreamImageTokens, "one step of the stream images per CTA");
+      const float* lse = static_cast<const float*>(p.lse) + int64_t(bh) * n;
+      float* stats = reinterpret_cast<float*>(
+          stream_images +
+          (int64_t(bh) * image_steps + blockIdx.x) * stream_image_step_bytes(C::kDQK, kDV) +
+          stream_image_stats_offset_bytes(C::kDQK, kDV));
+      stats[(r / 2) * 4 + r % 2] = tok < n ? lse[tok] : 0.f;  // rows past N: finite zeros
+      stats[(r / 2) * 4 + 2 + r % 2] = tok < n ? d_row : 0.f;
+    }
   }
 
   if (ws != nullptr) {

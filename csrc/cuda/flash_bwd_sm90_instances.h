@@ -11,7 +11,8 @@ namespace psa_fa2 {
 // Schedule (a) on wgmma: the preprocess, the kernel and the dQ conversion, on the workspace of
 // flash_bwd_instance_workspace(..., BwdSchedule::kAtomicDQ). kVecBytes: the global copy width
 // (fbwd::channel_first_granularity; 16 token-major); kStreamVecBytes: that of Q and dO
-// (fbwd::stream_granularity), which the caller may have copied to aligned rows.
+// (fbwd::stream_granularity), which the caller may have copied to aligned rows, or
+// kStreamTileImages where it has copied them to stream images (stream_tile_images.h).
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, int kStreamVecBytes>
 void flash_bwd_sm90_instance(const BwdParams& params, cudaStream_t stream);
 
@@ -31,6 +32,14 @@ extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::k
     const BwdParams&, cudaStream_t);
 extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, 16>(
     const BwdParams&, cudaStream_t);
+extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16, kStreamTileImages>(
+    const BwdParams&, cudaStream_t);
+extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, kStreamTileImages>(
+    const BwdParams&, cudaStream_t);
+extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, kStreamTileImages>(
+    const BwdParams&, cudaStream_t);
+extern template void flash_bwd_sm90_instance<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, kStreamTileImages>(
+    const BwdParams&, cudaStream_t);
 extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kTokenMajor, 16, 16>(
     const BwdParams&, cudaStream_t);
 extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, 16>(
@@ -47,6 +56,14 @@ extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kC
     const BwdParams&, cudaStream_t);
 extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, 16>(
     const BwdParams&, cudaStream_t);
+extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, kStreamTileImages>(
+    const BwdParams&, cudaStream_t);
+extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, kStreamTileImages>(
+    const BwdParams&, cudaStream_t);
+extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, kStreamTileImages>(
+    const BwdParams&, cudaStream_t);
+extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, kStreamTileImages>(
+    const BwdParams&, cudaStream_t);
 
 }  // namespace psa_fa2
 
@@ -60,6 +77,10 @@ extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kC
   X(kBFloat16, 32, 64, kChannelFirst, 8, 16) \
   X(kBFloat16, 32, 64, kChannelFirst, 4, 16) \
   X(kBFloat16, 32, 64, kChannelFirst, 2, 16) \
+  X(kBFloat16, 32, 64, kChannelFirst, 16, kStreamTileImages) \
+  X(kBFloat16, 32, 64, kChannelFirst, 8, kStreamTileImages) \
+  X(kBFloat16, 32, 64, kChannelFirst, 4, kStreamTileImages) \
+  X(kBFloat16, 32, 64, kChannelFirst, 2, kStreamTileImages) \
   X(kFloat16, 32, 64, kTokenMajor, 16, 16) \
   X(kFloat16, 32, 64, kChannelFirst, 16, 16) \
   X(kFloat16, 32, 64, kChannelFirst, 8, 8) \
@@ -67,4 +88,8 @@ extern template void flash_bwd_sm90_instance<DType::kFloat16, 32, 64, Layout::kC
   X(kFloat16, 32, 64, kChannelFirst, 2, 2) \
   X(kFloat16, 32, 64, kChannelFirst, 8, 16) \
   X(kFloat16, 32, 64, kChannelFirst, 4, 16) \
-  X(kFloat16, 32, 64, kChannelFirst, 2, 16)
+  X(kFloat16, 32, 64, kChannelFirst, 2, 16) \
+  X(kFloat16, 32, 64, kChannelFirst, 16, kStreamTileImages) \
+  X(kFloat16, 32, 64, kChannelFirst, 8, kStreamTileImages) \
+  X(kFloat16, 32, 64, kChannelFirst, 4, kStreamTileImages) \
+  X(kFloat16, 32, 64, kChannelFirst, 2, kStreamTileImages)

@@ -53,11 +53,13 @@
 // dispatch never launches (flash_bwd_dispatch.cu checks the device and the build).
 #pragma once
 
+#include "bulk_copy.cuh"
 #include "bwd_tail_split.h"
 #include "flash_bwd_kernel.cuh"
 #include "flash_bwd_sm90_instances.h"
 #include "flash_fwd_kernel.cuh"
 #include "sm90_device.h"
+#include "stream_tile_images.h"
 #include "wgmma.cuh"
 
 // Compile-time variants (`bench/tune/tune_sm90.sh bwd` checks and times them); the defaults
@@ -281,7 +283,17 @@ struct Sm90BwdTraits {
   // of its two columns j * 8 + 2t, + 1 in one 16-byte load.
   static constexpr int kRowStatsOffset = kDOOffset + kStages * DOTile::kBytes;
   static constexpr int kDSOffset = kRowStatsOffset + kStages * kBlockM * 8;
-  static constexpr int kPassBytes = kDSOffset + kDSBuffers * DSTile::kElems * 2;
+  // Q, dO, lse and D from stream images (stream_tile_images.h; kStreamVecBytes ==
+  // kStreamTileImages): thread 0 fetches a step's with three bulk copies that complete the
+  // stage's "full" mbarrier, on which every thread waits, instead of every thread copying rows.
+  static constexpr bool kStreamImages = kStreamVecBytes == kStreamTileImages;
+  static_assert(!kStreamImages || kCF, "stream images of channel-first Q and dO");
+  static_assert(!kStreamImages || (kBlockM == kStreamImageTokens && kDk % 8 == 0),
+                "an image step is a stage; dO's rows keep the swizzle of Q's");
+  static constexpr int64_t kImageStepBytes = stream_image_step_bytes(kDk, kDv);
+  static constexpr int64_t kImageStatsOffset = stream_image_stats_offset_bytes(kDk, kDv);
+  static constexpr int kFullBarOffset = (kDSOffset + kDSBuffers * DSTile::kElems * 2 + 7) / 8 * 8;
+  static constexpr int kPassBytes = kFullBarOffset + (kStreamImages ? 8 * kStages : 0);
   static constexpr int kSmemBytes =
       kPassBytes > int(C::kStageBytes) ? kPassBytes : int(C::kStageBytes);
   static_assert(kVOffset % 1024 == 0 && kQOffset % 1024 == 0 && kDOOffset % 1024 == 0 &&
@@ -369,6 +381,9 @@ __global__ void __launch_bounds__(
   auto row_stride = [](const Strided4& s) { return kCF ? s.stride_d : s.stride_n; };
   // Token `tok` of a head: along the rows channel-first, rows down token-major.
   auto at = [](const uint16_t* hd, int64_t rs, int tok) { return kCF ? hd + tok : hd + tok * rs; };
+  const uint32_t full_bars = smem_base + Tr::kFullBarOffset;  // stream images only
+  const char* const g_images = static_cast<const char*>(p.stream_tile_images) +
+                               int64_t(bh) * n_steps * Tr::kImageStepBytes;
   const float* g_lse = static_cast<const float*>(p.lse) + int64_t(bh) * n;
   const float* g_del = static_cast<const float*>(p.delta) + int64_t(bh) * n;
 
@@ -385,25 +400,43 @@ __global__ void __launch_bounds__(
   // warpgroup 1 dO. Past the last step it commits an empty group, so that the groups are the
   // steps' in order.
   auto issue_stream = [&](int it) {
-    const int str0 = it * kBlockM;
     const int stage = (it - it_begin) % Tr::kStages;
-    if (it < it_end && wg == 0) {
-      const ffwd::CopierFor<QTile, kCF, kStreamVecBytes> copier(wtid, row_stride(p.q));
-      copy_rows(copier, sQ + stage * QTile::kBytes, p.q, str0);
-      // Rows past N get lse = D = 0 (finite); their P is masked to 0.
-      const int r = wtid % kBlockM, tok = str0 + r;
-      const bool ok = tok < n;
-      const bool is_lse = wtid < kBlockM;
-      const float* src = is_lse ? g_lse : g_del;
-      const int offset =
-          Tr::kRowStatsOffset + (stage * kBlockM * 2 + (r / 2) * 4 + (is_lse ? 0 : 2) + r % 2) * 4;
-      ffwd::cp_async<4>(smem_base + offset, ok ? src + tok : src, ok ? 4 : 0);
-    } else if (it < it_end) {
-      const ffwd::CopierFor<DOTile, kCF, kStreamVecBytes> copier(wtid, row_stride(p.dout));
-      copy_rows(copier, sDO + stage * DOTile::kBytes, p.dout, str0);
+    if constexpr (Tr::kStreamImages) {
+      if (tid == 0 && it < it_end) {
+        const uint32_t bar = full_bars + 8 * stage;
+        const char* const image = g_images + int64_t(it) * Tr::kImageStepBytes;
+        bulk_copy::copy_block(sQ + stage * QTile::kBytes, image, QTile::kBytes, bar);
+        bulk_copy::copy_block(sDO + stage * DOTile::kBytes, image + QTile::kBytes, DOTile::kBytes,
+                              bar);
+        bulk_copy::copy_block(smem_base + Tr::kRowStatsOffset + stage * kBlockM * 8,
+                              image + Tr::kImageStatsOffset, kBlockM * 8, bar);
+      }
+    } else {
+      const int str0 = it * kBlockM;
+      if (it < it_end && wg == 0) {
+        const ffwd::CopierFor<QTile, kCF, kStreamVecBytes> copier(wtid, row_stride(p.q));
+        copy_rows(copier, sQ + stage * QTile::kBytes, p.q, str0);
+        // Rows past N get lse = D = 0 (finite); their P is masked to 0.
+        const int r = wtid % kBlockM, tok = str0 + r;
+        const bool ok = tok < n;
+        const bool is_lse = wtid < kBlockM;
+        const float* src = is_lse ? g_lse : g_del;
+        const int offset =
+            Tr::kRowStatsOffset + (stage * kBlockM * 2 + (r / 2) * 4 + (is_lse ? 0 : 2) + r % 2) * 4;
+        ffwd::cp_async<4>(smem_base + offset, ok ? src + tok : src, ok ? 4 : 0);
+      } else if (it < it_end) {
+        const ffwd::CopierFor<DOTile, kCF, kStreamVecBytes> copier(wtid, row_stride(p.dout));
+        copy_rows(copier, sDO + stage * DOTile::kBytes, p.dout, str0);
+      }
+      ffwd::cp_async_commit();
     }
-    ffwd::cp_async_commit();
   };
+  if constexpr (Tr::kStreamImages) {
+    if (tid == 0) {  // three copies per phase, each arriving once
+      for (int i = 0; i < Tr::kStages; ++i) bulk_copy::init_barrier(full_bars + 8 * i, 3);
+      bulk_copy::fence_barrier_init();
+    }
+  }
   // Prologue: this warpgroup's K and V rows (a warpgroup wholly past N copies nothing and
   // points at the head, a valid address), then the rows of steps 0 .. kStages - 2; step 0's
   // (with K and V) are published.
@@ -417,7 +450,12 @@ __global__ void __launch_bounds__(
   }
   issue_stream(it_begin);  // one group with K and V
   for (int i = 1; i < Tr::kStages - 1; ++i) issue_stream(it_begin + i);
-  publish_copies<Tr::kStages - 2>();  // the younger steps' rows may stay in flight
+  if constexpr (Tr::kStreamImages) {
+    ffwd::cp_async_commit();  // K and V
+    publish_copies<0>();      // and the barriers' initialisation
+  } else {
+    publish_copies<Tr::kStages - 2>();  // the younger steps' rows may stay in flight
+  }
 
   uint32_t kf[kDk / 16][4];  // A fragments of this warp's 16 keys
   uint32_t vf[kDv / 16][4];
@@ -479,6 +517,9 @@ __global__ void __launch_bounds__(
     // -lse log2 e and D of the columns (query rows) 8j + 2t, 8j + 2t + 1 of this thread: read
     // before the wgmmas (PSA_FA2_BWD90_EARLY_LSE=1), which hides their latency behind them at
     // the cost of 32 registers live across them, or once S^T has landed.
+    if constexpr (Tr::kStreamImages) {
+      bulk_copy::wait(full_bars + 8 * stage, ((it - it_begin) / Tr::kStages) & 1);
+    }
     float nl[kBlockM / 8][2], del[kBlockM / 8][2];
     auto read_row_stats = [&] {
 #pragma unroll
@@ -592,7 +633,7 @@ __global__ void __launch_bounds__(
     // steps round robin) that are summed at the end, so that fewer of them wait on each other.
     {
       static_assert(kBlockM / 16 * (kDk / 16) == Tr::kThreads / 32, "one dQ block per warp");
-      const int mt = warp / (kDk / 16), np = warp % (kDk / 16);
+      const int mt = warp / (kDk / 16);
       constexpr int kChains = PSA_FA2_BWD90_DQ_CHAINS;
       static_assert(kChains == 1 || kChains == 2, "one or two chains");
       float q[kChains][2][4] = {};  // [chain][n8 half][fragment]
@@ -624,7 +665,7 @@ __global__ void __launch_bounds__(
         dq_pending_row0 = ws + (int64_t(bh) * n_pad + str0 + mt * 16) * kDk;
       } else {
         fbwd::red_add_dq_block<kDk>(ws + (int64_t(bh) * n_pad + str0 + mt * 16) * kDk, q[0],
-                                    np * 16);
+                                    dq_np * 16);
       }
     }
 
@@ -726,7 +767,8 @@ void flash_bwd_sm90_instance(const BwdParams& p, cudaStream_t stream) {
   const dim3 grid_rows(n_pad / C::kPreRows, bh);
   const dim3 grid_own(split.tiles, split.pieces > 1 ? (split.ctas + split.tiles - 1) / split.tiles : bh);
   fbwd::bwd_preprocess_kernel<C><<<grid_rows, 256, 0, stream>>>(
-      p, ws, n_pad, reinterpret_cast<float4*>(split.partial), tail_vec4);
+      p, ws, n_pad, reinterpret_cast<float4*>(split.partial), tail_vec4,
+      Tr::kStreamImages ? static_cast<char*>(p.stream_tile_images) : nullptr);
   constexpr auto kernel =
       fbwd_sm90::flash_bwd_sm90_kernel<kDtype, kDk, kDv, kLayout, kVecBytes, kStreamVecBytes>;
   constexpr int smem = Tr::kSmemBytes;

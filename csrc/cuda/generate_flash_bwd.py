@@ -75,16 +75,21 @@ size_t flash_bwd_instance_workspace(const BwdParams& params, BwdSchedule schedul
 
 
 # Widths are pairs (kVecBytes of K and V, kStreamVecBytes of the streamed Q and dO). "cfs" is
-# "cfu" with Q and dO copied to 128-byte aligned rows first (flash_bwd_wants_aligned_stream).
+# "cfu" with Q and dO copied to 128-byte aligned rows first (flash_bwd_wants_aligned_stream);
+# "cfi" streams Q and dO (and lse, D) from the stream images of stream_tile_images.h
+# (flash_bwd_wants_stream_tile_images) at each width of K and V.
+IMAGES = "kStreamTileImages"
 SM90_VARIANTS = {"tm": ("kTokenMajor", [(16, 16)]), "cf": ("kChannelFirst", [(16, 16)]),
                  "cfu": ("kChannelFirst", [(8, 8), (4, 4), (2, 2)]),
-                 "cfs": ("kChannelFirst", [(8, 16), (4, 16), (2, 16)])}
+                 "cfs": ("kChannelFirst", [(8, 16), (4, 16), (2, 16)]),
+                 "cfi": ("kChannelFirst", [(16, IMAGES), (8, IMAGES), (4, IMAGES), (2, IMAGES)])}
 
 SM90_LAUNCHER_DOC = """\
 // Schedule (a) on wgmma: the preprocess, the kernel and the dQ conversion, on the workspace of
 // flash_bwd_instance_workspace(..., BwdSchedule::kAtomicDQ). kVecBytes: the global copy width
 // (fbwd::channel_first_granularity; 16 token-major); kStreamVecBytes: that of Q and dO
-// (fbwd::stream_granularity), which the caller may have copied to aligned rows.
+// (fbwd::stream_granularity), which the caller may have copied to aligned rows, or
+// kStreamTileImages where it has copied them to stream images (stream_tile_images.h).
 """
 
 

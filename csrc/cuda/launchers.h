@@ -72,5 +72,9 @@ void flash_bwd(const BwdParams& params, cudaStream_t stream);
 // Whether the caller should copy q and dout to 128-byte aligned rows (aligned_rows.h) and pass
 // those: the Hopper kernel streams them, and their rows are narrow or misaligned.
 bool flash_bwd_wants_aligned_stream(const BwdParams& params);
+// Whether the caller should copy Q and dO to the wgmma backward's stream images
+// (stream_tile_images_copy in aligned_rows.h) and pass them in params.stream_tile_images; the
+// preprocess fills in their lse and D. Checked before flash_bwd_wants_aligned_stream.
+bool flash_bwd_wants_stream_tile_images(const BwdParams& params);
 
 }  // namespace psa_fa2

@@ -66,4 +66,12 @@ KVTileImagesChoice kv_tile_images_choice() {
   return {CopyChoice::kMeasured, 0};
 }
 
+CopyChoice stream_tile_images_choice() {
+  const char* value = std::getenv("PSA_FA2_BWD_STREAM_IMAGES");
+  if (value == nullptr) return CopyChoice::kMeasured;
+  if (std::strcmp(value, "1") == 0) return CopyChoice::kAlways;
+  if (std::strcmp(value, "0") == 0) return CopyChoice::kNever;
+  return CopyChoice::kMeasured;
+}
+
 }  // namespace psa_fa2

@@ -32,6 +32,12 @@ struct KVTileImagesChoice {
 };
 KVTileImagesChoice kv_tile_images_choice();
 
+// PSA_FA2_BWD_STREAM_IMAGES, read per call: 1 copies Q and dO to the wgmma backward's stream
+// images wherever it can read them (kAlways), 0 never (kNever); unset or anything else, where the
+// dispatch's threshold says (flash_bwd_wants_stream_tile_images).
+// PSA_FA2_DISABLE_ALIGNED_COPIES=1 turns these copies off as well.
+CopyChoice stream_tile_images_choice();
+
 // Streaming multiprocessors of the current device (cached per device; 0 if it cannot be read).
 int current_device_multiprocessors();
 
