@@ -19,6 +19,18 @@
 // partial wave are each shared by several CTAs, each streaming a run of the query rows
 // (bwd_tail_split.h); they sum their dK / dV in the workspace before the epilogue.
 //
+// Where the caller has copied Q and dO to stream images (stream_tile_images.h; kStreamVecBytes ==
+// kStreamTileImages), thread 0 instead fetches each step's Q, dO, lse and D with three bulk
+// copies that complete the stage's "full" mbarrier, which every thread waits on before the
+// step; the CTA barrier of each step still orders the stage's reads before its refill. That
+// takes the copy addressing and cp.async out of the steps (about 100 of some 560 instructions
+// per warp and step in the SASS), yet on the H200 (bench/tune/tune_bwd.cu with
+// -DTUNE_STREAM_IMAGES, copies included; bench/results/h200-2026-12-03-7281e64/
+// images_tune.txt) it was even at 1,2,62464 (8324-8343 against 8240-8277 us without copies)
+// and slower at smaller shapes, where the copy weighs more: the dispatch uses it only where
+// Q and dO are copied anyway (flash_bwd_wants_stream_tile_images). Streaming no rows at all
+// (timing only) had saved 6-8%: not profiled where the images lose that.
+//
 // The kernel is latency-bound (one CTA of 8 warps per SM; at 5bb34ec Nsight Compute had the
 // tensor pipe 36% busy and an instruction issued every 3 cycles per scheduler), so it spends
 // its spare registers (up to 255 at one CTA per SM) and shared memory on shorter steps.
