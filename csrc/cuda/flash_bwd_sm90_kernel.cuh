@@ -198,7 +198,8 @@
 //     S^T / dP^T wgmmas, so that the warp does not wait for its dQ MMAs at the end of a step:
 //     8226-8369 against 8470-8509 us at 1,2,62464, 1442-1444 against 1468-1478 at 8,4,6400,
 //     even at 16,4,1600, 1% slower at 16,4,400 (33.1-33.3 against 32.6-32.9 us;
-//     dq_late_red_ab.txt). 253 registers, no spills.
+//     dq_late_red_ab.txt). 252-253 registers, no spills, but the 2-byte-row instance ("cfu",
+//     odd N below 1600 tokens) spills 12 bytes at 255 (it did not before; not timed since).
 // Timing only, in those runs: streaming no rows after the prologue (no copies in the steps)
 // took 7624-7644 us at 1,2,62464 and 1351-1352 at 8,4,6400, 6-8% less: the most that bulk
 // copies of the rows (one thread, an mbarrier per stage) could save.

@@ -6,7 +6,8 @@ each compile small. Also writes flash_bwd_instances.h, whose X-macro list is wha
 flash_bwd_dispatch.cu switches over, so adding a head-dim pair here is the whole change.
 The Hopper (wgmma) backward of flash_bwd_sm90_kernel.cuh has its own units, one per
 (dtype, head dims, layout) with the channel-first copy widths 8, 4 and 2 bytes ("cfu") apart
-from 16 ("cf"), and flash_bwd_sm90_instances.h (SM90_HEAD_DIMS).
+from 16 ("cf"), those on aligned Q / dO rows ("cfs") and on stream images ("cfi"), and
+flash_bwd_sm90_instances.h (SM90_HEAD_DIMS).
 
     python csrc/cuda/generate_flash_bwd.py      # rewrites the files next to this script
 """
