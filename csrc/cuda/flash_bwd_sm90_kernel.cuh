@@ -409,9 +409,10 @@ __global__ void __launch_bounds__(
       copier.copy(dst, src, n - str0);
     }
   };
-  // Step `it`'s rows into stage (it - it_begin) % kStages: warpgroup 0 copies Q, lse and D,
-  // warpgroup 1 dO. Past the last step it commits an empty group, so that the groups are the
-  // steps' in order.
+  // Step `it`'s rows into stage (it - it_begin) % kStages: from stream images, thread 0's bulk
+  // copies (nothing past the last step); else warpgroup 0 copies Q, lse and D, warpgroup 1 dO,
+  // and past the last step it commits an empty group, so that the groups are the steps' in
+  // order.
   auto issue_stream = [&](int it) {
     const int stage = (it - it_begin) % Tr::kStages;
     if constexpr (Tr::kStreamImages) {
@@ -434,8 +435,8 @@ __global__ void __launch_bounds__(
         const bool ok = tok < n;
         const bool is_lse = wtid < kBlockM;
         const float* src = is_lse ? g_lse : g_del;
-        const int offset =
-            Tr::kRowStatsOffset + (stage * kBlockM * 2 + (r / 2) * 4 + (is_lse ? 0 : 2) + r % 2) * 4;
+        const int offset = Tr::kRowStatsOffset +
+                           (stage * kBlockM * 2 + (r / 2) * 4 + (is_lse ? 0 : 2) + r % 2) * 4;
         ffwd::cp_async<4>(smem_base + offset, ok ? src + tok : src, ok ? 4 : 0);
       } else if (it < it_end) {
         const ffwd::CopierFor<DOTile, kCF, kStreamVecBytes> copier(wtid, row_stride(p.dout));
