@@ -274,12 +274,19 @@ def test_backward_wgmma_copies_q_dout_to_aligned_rows(N, vec, dtype, monkeypatch
     if not on_hopper():
         pytest.skip("the aligned Q / dO copies feed the wgmma backward (Hopper) only")
     monkeypatch.setenv("PSA_FA2_BWD_STREAM_IMAGES", "0")
-    _, q, k, v = make_qkv(1, 2, N, 32, 64, dtype, "cuda", "channel_first")
+    check_backward_on_stream_copies((1, 2), N, dtype, rf"flash_bwd_sm90_kernel<[^>]*, {vec}, 16>")
+
+
+def check_backward_on_stream_copies(batch_heads, N, dtype, kernel_pattern):
+    """The backward on channel-first split views copies Q and dO (copy_rows_kernel) and runs
+    the kernel matching kernel_pattern; then its gradients against float64, accumulate and
+    overwrite, on NaN-filled outputs."""
+    _, q, k, v = make_qkv(*batch_heads, N, 32, 64, dtype, "cuda", "channel_first")
     names = cuda_kernels_run(fast_backward((q, k, v), False))
     assert any("copy_rows_kernel" in n for n in names), names
     joined = " ".join(names)
-    assert re.search(rf"flash_bwd_sm90_kernel<[^>]*, {vec}, 16>", joined), joined
-    check_backward("cuda", "fast", N, 32, 64, dtype, "channel_first", heads=(1, 2))
+    assert re.search(kernel_pattern, joined), joined
+    check_backward("cuda", "fast", N, 32, 64, dtype, "channel_first", heads=batch_heads)
 
 
 @pytest.mark.parametrize("N,vec", FWD_NO_COPY_CASES, ids=case_ids(FWD_NO_COPY_CASES))
@@ -304,18 +311,12 @@ BWD_STREAM_IMAGE_CASES = [(7, 2), (64, 16), (65, 2), (401, 2), (1602, 4), (6400,
 def test_backward_wgmma_reads_stream_images(N, vec, dtype, monkeypatch):
     """With PSA_FA2_BWD_STREAM_IMAGES=1, Q and dO are copied to stream images and the wgmma
     backward that bulk-copies them (with the lse and D rows the preprocess writes there) runs
-    (stream width 0; K and V keep their vec-byte accesses). Its gradients against float64 on
-    two batches of two heads (each has its own images), accumulate and overwrite, NaN-filled
-    outputs."""
+    (stream width 0; K and V keep their vec-byte accesses), on two batches of two heads (each
+    has its own images)."""
     if not on_hopper():
         pytest.skip("the stream images feed the wgmma backward (Hopper) only")
     monkeypatch.setenv("PSA_FA2_BWD_STREAM_IMAGES", "1")
-    _, q, k, v = make_qkv(2, 2, N, 32, 64, dtype, "cuda", "channel_first")
-    names = cuda_kernels_run(fast_backward((q, k, v), False))
-    assert any("copy_rows_kernel" in n for n in names), names
-    joined = " ".join(names)
-    assert re.search(rf"flash_bwd_sm90_kernel<[^>]*, {vec}, 0>", joined), joined
-    check_backward("cuda", "fast", N, 32, 64, dtype, "channel_first", heads=(2, 2))
+    check_backward_on_stream_copies((2, 2), N, dtype, rf"flash_bwd_sm90_kernel<[^>]*, {vec}, 0>")
 
 
 def test_backward_stream_images_follow_the_threshold(monkeypatch):
