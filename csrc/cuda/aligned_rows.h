@@ -81,9 +81,19 @@ inline std::pair<at::Tensor, at::Tensor> aligned_kv_copy(const at::Tensor& k, co
   return {views[0], views[1]};
 }
 
+// Copies `count` channels of src (channel-first [B, H, N, d], 2-byte elements) into channels
+// channel0 .. of tile images [B * H, ceil(N / 64), channels, 64] (RowCopy's tiled mode: each
+// 64-token tile of a channel swizzled as the Hopper kernels' shared stages hold it, zero past N).
+inline void copy_to_tile_images(const at::Tensor& src, int64_t count, int64_t channel0,
+                                const at::Tensor& images, cudaStream_t stream) {
+  RowCopy c{src.data_ptr(), src.stride(0), src.stride(1), src.stride(3), images.data_ptr(), 0,
+            images.size(2), channel0, src.size(0), src.size(1), count, src.size(2)};
+  c.tile_tokens = images.size(3);
+  copy_rows(c, stream);
+}
+
 // k [B, H, N, dk] and v [B, H, N, dv] (channel-first, 2-byte elements) as the Hopper forward's
-// tile images (RowCopy's tiled mode): [B * H, ceil(N / 64), dk + dv, 64], each 64-key tile K's
-// rows then V's, swizzled as the kernel's shared stages hold them, zero past N.
+// tile images: [B * H, ceil(N / 64), dk + dv, 64], each 64-key tile K's rows then V's.
 constexpr int64_t kTileImageTokens = 64;
 
 inline at::Tensor kv_tile_images_copy(const at::Tensor& k, const at::Tensor& v,
@@ -91,39 +101,27 @@ inline at::Tensor kv_tile_images_copy(const at::Tensor& k, const at::Tensor& v,
   const int64_t B = k.size(0), H = k.size(1), N = k.size(2), dk = k.size(3), dv = v.size(3);
   const int64_t tiles = (N + kTileImageTokens - 1) / kTileImageTokens;
   const at::Tensor images = at::empty({B * H, tiles, dk + dv, kTileImageTokens}, k.options());
-  auto copy = [&](const at::Tensor& src, int64_t channels, int64_t channel0) {
-    RowCopy c{src.data_ptr(), src.stride(0), src.stride(1), src.stride(3), images.data_ptr(),
-              0, dk + dv, channel0, B, H, channels, N};
-    c.tile_tokens = kTileImageTokens;
-    copy_rows(c, stream);
-  };
   if (v_follows_k(k, v)) {
-    copy(k, dk + dv, 0);
+    copy_to_tile_images(k, dk + dv, 0, images, stream);
   } else {
-    copy(k, dk, 0);
-    copy(v, dv, dk);
+    copy_to_tile_images(k, dk, 0, images, stream);
+    copy_to_tile_images(v, dv, dk, images, stream);
   }
   return images;
 }
 
 // q [B, H, N, dk] and dout [B, H, N, dv] (channel-first, 2-byte elements) as the Hopper
 // backward's stream images (stream_tile_images.h): [B * H, ceil(N / 64), dk + dv + 4, 64], each
-// step's Q rows then dO's in RowCopy's tiled mode, zero past N. The lse / D rows are left to the
-// backward's preprocess.
+// step's Q rows then dO's, zero past N. The lse / D rows are left to the backward's preprocess.
 inline at::Tensor stream_tile_images_copy(const at::Tensor& q, const at::Tensor& dout,
                                           cudaStream_t stream) {
   const int64_t B = q.size(0), H = q.size(1), N = q.size(2), dk = q.size(3), dv = dout.size(3);
-  const int64_t channels = stream_image_channels(int(dk), int(dv));
   const at::Tensor images =
-      at::empty({B * H, stream_image_steps(int(N)), channels, kStreamImageTokens}, q.options());
-  auto copy = [&](const at::Tensor& src, int64_t count, int64_t channel0) {
-    RowCopy c{src.data_ptr(), src.stride(0), src.stride(1), src.stride(3), images.data_ptr(),
-              0, channels, channel0, B, H, count, N};
-    c.tile_tokens = kStreamImageTokens;
-    copy_rows(c, stream);
-  };
-  copy(q, dk, 0);
-  copy(dout, dv, dk);
+      at::empty({B * H, stream_image_steps(int(N)), stream_image_channels(int(dk), int(dv)),
+                 kStreamImageTokens},
+                q.options());
+  copy_to_tile_images(q, dk, 0, images, stream);
+  copy_to_tile_images(dout, dv, dk, images, stream);
   return images;
 }
 

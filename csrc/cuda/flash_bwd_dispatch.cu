@@ -58,12 +58,16 @@ Sm90Fn find_sm90_with(const BwdParams& p, int vec, int stream_vec) {
 
 // The same at p's widths: Q and dO at their own where an instantiation has it ("cfs"), else at
 // the common one.
+// The Hopper kernel on stream images (stream_tile_images.h) of p's Q and dO, the others at
+// their common width.
+Sm90Fn find_sm90_on_stream_images(const BwdParams& p) {
+  const Strided4* const others[] = {&p.k, &p.v, &p.out, &p.dq, &p.dk, &p.dv};
+  return find_sm90_with(p, fbwd::granularity_of(p, others), kStreamTileImages);
+}
+
 Sm90Fn find_sm90(const BwdParams& p) {
   if (p.layout == Layout::kTokenMajor) return find_sm90_with(p, 16, 16);
-  if (p.stream_tile_images != nullptr) {
-    const Strided4* const others[] = {&p.k, &p.v, &p.out, &p.dq, &p.dk, &p.dv};
-    return find_sm90_with(p, fbwd::granularity_of(p, others), kStreamTileImages);
-  }
+  if (p.stream_tile_images != nullptr) return find_sm90_on_stream_images(p);
   const int vec = fbwd::channel_first_granularity(p);
   if (Sm90Fn run = find_sm90_with(p, vec, fbwd::stream_granularity(p))) return run;
   return find_sm90_with(p, vec, vec);
@@ -151,11 +155,20 @@ constexpr int64_t kAlignedStreamMinSeqlen[4] = {
 constexpr int64_t kAlignedStreamMinSeqlen[4] = {1600, 6400, 6400, 6400};  // 2, 4, 8, 16-byte rows
 #endif
 
+namespace {
+
+// Whether the caller may copy p's Q and dO for the wgmma backward (to aligned rows or stream
+// images): channel-first, copies enabled, and schedule (a) running on the wgmma kernel.
+bool may_copy_stream(const BwdParams& p) {
+  return p.layout == Layout::kChannelFirst && aligned_row_copies_enabled() &&
+         flash_bwd_supported(p) && resolve(p, BwdSchedule::kAuto) == BwdSchedule::kAtomicDQ &&
+         find_sm90(p) != nullptr;
+}
+
+}  // namespace
+
 bool flash_bwd_wants_aligned_stream(const BwdParams& p) {
-  if (p.layout != Layout::kChannelFirst || !aligned_row_copies_enabled() ||
-      !flash_bwd_supported(p) || resolve(p, BwdSchedule::kAuto) != BwdSchedule::kAtomicDQ ||
-      find_sm90(p) == nullptr)
-    return false;
+  if (!may_copy_stream(p)) return false;
   const int stream = fbwd::stream_granularity(p);
   const Strided4* const streamed[] = {&p.q, &p.dout};
   if (stream == 16 && fbwd::granularity_of(p, streamed, 128) == 128) return false;
@@ -178,16 +191,11 @@ constexpr int64_t kStreamImagesMinSeqlen = 6400;
 
 bool flash_bwd_wants_stream_tile_images(const BwdParams& p) {
   const CopyChoice choice = stream_tile_images_choice();
-  if (choice == CopyChoice::kNever || p.layout != Layout::kChannelFirst ||
-      !aligned_row_copies_enabled() || !flash_bwd_supported(p) ||
-      resolve(p, BwdSchedule::kAuto) != BwdSchedule::kAtomicDQ || find_sm90(p) == nullptr)
-    return false;
+  if (choice == CopyChoice::kNever || !may_copy_stream(p)) return false;
   if (choice == CopyChoice::kMeasured &&
       (p.seqlen < kStreamImagesMinSeqlen || !flash_bwd_wants_aligned_stream(p)))
     return false;
-  BwdParams with_images = p;
-  with_images.stream_tile_images = &with_images;  // any non-null pointer: the instance lookup
-  return find_sm90(with_images) != nullptr;
+  return find_sm90_on_stream_images(p) != nullptr;
 }
 
 bool flash_bwd_supported(const BwdParams& p) {

@@ -395,8 +395,10 @@ __global__ void __launch_bounds__(
   // Token `tok` of a head: along the rows channel-first, rows down token-major.
   auto at = [](const uint16_t* hd, int64_t rs, int tok) { return kCF ? hd + tok : hd + tok * rs; };
   const uint32_t full_bars = smem_base + Tr::kFullBarOffset;  // stream images only
-  const char* const g_images = static_cast<const char*>(p.stream_tile_images) +
-                               int64_t(bh) * n_steps * Tr::kImageStepBytes;
+  const char* const g_images =
+      Tr::kStreamImages ? static_cast<const char*>(p.stream_tile_images) +
+                              int64_t(bh) * n_steps * Tr::kImageStepBytes
+                        : nullptr;
   const float* g_lse = static_cast<const float*>(p.lse) + int64_t(bh) * n;
   const float* g_del = static_cast<const float*>(p.delta) + int64_t(bh) * n;
 
