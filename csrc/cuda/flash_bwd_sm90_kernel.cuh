@@ -464,11 +464,14 @@ __global__ void __launch_bounds__(
     k_copier.copy(sK, at(head(p.k), row_stride(p.k), first), valid);
     v_copier.copy(sV, at(head(p.v), row_stride(p.v), first), valid);
   }
+  // The barriers are initialised before any copy completes on them, as in the forward. (Thread
+  // 0 both initialises and copies, but without this barrier racecheck reports the pairs.)
+  if constexpr (Tr::kStreamImages) __syncthreads();
   issue_stream(it_begin);  // one group with K and V
   for (int i = 1; i < Tr::kStages - 1; ++i) issue_stream(it_begin + i);
   if constexpr (Tr::kStreamImages) {
     ffwd::cp_async_commit();  // K and V
-    publish_copies<0>();      // and the barriers' initialisation
+    publish_copies<0>();
   } else {
     publish_copies<Tr::kStages - 2>();  // the younger steps' rows may stay in flight
   }
