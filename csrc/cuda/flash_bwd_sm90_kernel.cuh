@@ -199,7 +199,8 @@
 //     8226-8369 against 8470-8509 us at 1,2,62464, 1442-1444 against 1468-1478 at 8,4,6400,
 //     even at 16,4,1600, 1% slower at 16,4,400 (33.1-33.3 against 32.6-32.9 us;
 //     dq_late_red_ab.txt). 252-253 registers, no spills, but the 2-byte-row instance ("cfu",
-//     odd N below 1600 tokens) spills 12 bytes at 255 (it did not before; not timed since).
+//     odd N below 1600 tokens) spills 12 bytes at 255 (it did not before): by the SASS of nvcc
+//     13.0, three stores in the prologue and one load in the epilogue, none in the steps.
 // Timing only, in those runs: streaming no rows after the prologue (no copies in the steps)
 // took 7624-7644 us at 1,2,62464 and 1351-1352 at 8,4,6400, 6-8% less: the most that bulk
 // copies of the rows (one thread, an mbarrier per stage) could save.
@@ -465,7 +466,8 @@ __global__ void __launch_bounds__(
     v_copier.copy(sV, at(head(p.v), row_stride(p.v), first), valid);
   }
   // The barriers are initialised before any copy completes on them, as in the forward. (Thread
-  // 0 both initialises and copies, but without this barrier racecheck reports the pairs.)
+  // 0 both initialises them and copies, yet without this barrier racecheck reports each
+  // initialisation and the first arrival on it as a possible race.)
   if constexpr (Tr::kStreamImages) __syncthreads();
   issue_stream(it_begin);  // one group with K and V
   for (int i = 1; i < Tr::kStages - 1; ++i) issue_stream(it_begin + i);
