@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import psa_fa2_ext
-from helpers import (LAYOUTS, assert_close_to_reference, assert_lse_close, batch_heads,
-                     forward_reference, forward_reference_tf32, grads_reference, make_qkv,
-                     poison_cuda_allocator, rel_err, requires_cuda)
+from helpers import (LAYOUTS, assert_close_to_reference, assert_lse_close,
+                     assert_within_tf32_rounding, batch_heads, forward_reference, grads_reference,
+                     lse_reference_tf32, make_qkv, poison_cuda_allocator, rel_err, requires_cuda)
 from psa_fa2_ext.reference import attention_eager, lse_eager
 from test_attention import check_backward, check_forward
 
@@ -594,8 +594,8 @@ def test_forward_fast_fp32_key_splits(layout, precision, monkeypatch):
                 assert_close_to_reference("out", out, ref64, eager, torch.float32)
                 assert_lse_close(lse, q, k, scale)
             else:
-                ref64, eager, lse64, lse_tf32 = forward_reference_tf32(q, k, v, scale)
-                assert_close_to_reference("out", out, ref64, eager, torch.float32, tf32=True)
+                assert_within_tf32_rounding(out, q, k, v, scale)
+                lse64, lse_tf32 = lse_reference_tf32(q, k, scale)
                 assert_close_to_reference("lse", lse, lse64, lse_tf32, torch.float32, tf32=True)
             names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
             assert any("combine_kv_splits" in name for name in names) == split, names
@@ -626,15 +626,15 @@ def tf32_matmuls():
 @pytest.mark.parametrize("dk,dv", FP32_HEAD_DIMS, ids=[f"{a}x{b}" for a, b in FP32_HEAD_DIMS])
 @layouts
 def test_forward_fast_tf32(N, dk, dv, layout, tf32_matmuls):
-    """fp32 at "high": the TF32 kernel, within 2x the error of the eager math on TF32
-    operands, for out and lse."""
+    """fp32 at "high": the TF32 kernel's out within the rounding of its probabilities of
+    float64 attention on TF32 operands, and lse within 2x the eager math's error on them."""
     B, H = batch_heads(N)
     _, q, k, v = make_qkv(B, H, N, dk, dv, torch.float32, "cuda", layout)
     scale = dk ** -0.5
     poison_cuda_allocator(4 * B * H * N * (dv + 1) * 8, "cuda")
     out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
-    ref64, eager, lse64, lse_tf32 = forward_reference_tf32(q, k, v, scale)
-    assert_close_to_reference("out", out, ref64, eager, torch.float32, tf32=True)
+    assert_within_tf32_rounding(out, q, k, v, scale)
+    lse64, lse_tf32 = lse_reference_tf32(q, k, scale)
     assert_close_to_reference("lse", lse, lse64, lse_tf32, torch.float32, tf32=True)
 
 
@@ -645,8 +645,8 @@ def test_forward_fast_tf32_rising_scores(N, layout, tf32_matmuls):
     q, k, v, scale = rising_scores_qkv(N, torch.float32, layout)
     poison_cuda_allocator(4 * q.numel() * 8, "cuda")
     out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
-    ref64, eager, lse64, lse_tf32 = forward_reference_tf32(q, k, v, scale)
-    assert_close_to_reference("out", out, ref64, eager, torch.float32, tf32=True)
+    assert_within_tf32_rounding(out, q, k, v, scale)
+    lse64, lse_tf32 = lse_reference_tf32(q, k, scale)
     assert_close_to_reference("lse", lse, lse64, lse_tf32, torch.float32, tf32=True)
 
 
