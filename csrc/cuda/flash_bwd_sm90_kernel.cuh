@@ -61,6 +61,13 @@
 //     against the default, four stages). Pieces of two steps rather than four: 18.1 -> 16.6 us
 //     at 1,4,400 (16 tiles of 7 steps, now shared by 3 CTAs each).
 //
+// The issue phases of the trace above (S^T and dP^T 250-380 cycles, dV and dK 180-260) are the
+// two warpgroups' products queued behind each other: issuing wgmmas waits while another
+// warpgroup's run (bench/tune/wgmma_rates.cu on the H200, bench/results/h200-2026-12-04-604063f:
+// 8 n64 products issued in 61 cycles alone, 250 beside another warpgroup's 8). Each pair of
+// product phases is about 384 cycles of the tensor cores at their full rate, which the n64 and
+// n32 products with A in registers reach from two warpgroups on; a step's exponentials are 512
+// cycles of the MUFU, which runs at 68% of its rate beside saturated products.//
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_bwd_dispatch.cu checks the device and the build).
 #pragma once

@@ -141,6 +141,26 @@
 // 2,2,31250 and 0.93x at 8,4,6400; "cft" 0.99x / 1.00x. Not profiled; one likely cause is a warp
 // held at a wgmma it issues while the tensor pipe is busy, in the middle of its exponentials.
 //
+// Measured apart from the kernels (bench/tune/wgmma_rates.cu on the H200, wgmma_rates.txt in
+// bench/results/h200-2026-12-04-604063f):
+//   - the n64 products run at the tensor cores' full rate, 4096 FLOP per clock and SM from two
+//     warpgroups on, A from registers or shared memory (n32 too, but with both operands in
+//     shared memory at 67%): wider S products would gain nothing;
+//   - issuing a batch of wgmmas waits while another warpgroup's products run: 8 n64 products
+//     are issued in 61 cycles alone, 250 beside one other warpgroup's 8 and 502 beside two. So a
+//     warpgroup issuing S_j and P_{j-1} V_{j-1} behind the others' products waits there before
+//     it can wait for S_j and start its exponentials;
+//   - ex2 runs at 68% of its rate (10.8 of 16 per clock and SM) while products keep the tensor
+//     cores busy, at 96% alone.
+// At 1,2,62500 a step of "cft3" is 1152 cycles of products per SM and 1536 of ex2 per
+// sub-partition; with the ex2 slowed while the products run, about 1900 cycles is a rough floor
+// for it (the FFMAs, sums and packing aside), against about 2500 measured (3064 us over some
+// 2415 steps per SM, taking 1980 MHz).
+// Tried in ptxas only (nvcc 13.0): P packed into a second set of registers every other step
+// (the loop unrolled by two), so that the wait for P_{j-1} V_{j-1} could move from among the
+// exponentials to the step's end. It does not fit: ptxas serializes the wgmmas of "cft3", "cft"
+// and the row kernels for want of registers (C7512) and spills 12-16 bytes; "cft3" already
+// uses 166 of its 168.//
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
 #pragma once
