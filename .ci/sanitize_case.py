@@ -13,6 +13,22 @@ import torch
 import psa_fa2_ext
 
 
+def channel_first_views(N, dtype=torch.bfloat16, B=1, H=2, dk=32, dv=64):
+    """q, k, v as the block makes them: split views of one [B, H*(2dk+dv), N] tensor, logical
+    [B, H, N, D] (N has stride 1)."""
+    x = torch.randn(B, H * (2 * dk + dv), N, device="cuda", dtype=dtype)
+    return [t.transpose(2, 3) for t in x.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], 2)]
+
+
+def forward_backward(q, k, v, impl="fast", deterministic=False):
+    """One forward and one backward through the ops, on fresh gradient buffers."""
+    scale = q.shape[-1] ** -0.5
+    out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, impl)
+    dout = torch.randn_like(out)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.empty_like(v)
+    torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, scale, dq, dk, dv, impl, deterministic)
+
+
 def families():
     # On Hopper the bf16 forward and schedule (a) of the backward are the wgmma kernels;
     # PSA_FA2_DISABLE_SM90=1 runs the mma.sync ones.
@@ -22,19 +38,12 @@ def families():
         # aligned rows first (copy_rows.cu), at 1601 the wgmma backward Q and dO too.
         for N in (97, 400, 402, 1004, 401, 1601):
             for impl, deterministic in (("fast", False), ("fast", True), ("reference", False)):
-                B, H, dk, dv = 1, 2, 32, 64
                 if layout == "channel_first":
-                    x = torch.randn(B, H * (2 * dk + dv), N, device="cuda", dtype=torch.bfloat16)
-                    views = x.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], 2)
-                    q, k, v = (t.transpose(2, 3) for t in views)
+                    q, k, v = channel_first_views(N)
                 else:
-                    x = torch.randn(B, H, N, 2 * dk + dv, device="cuda", dtype=torch.bfloat16)
-                    q, k, v = x.split([dk, dk, dv], dim=3)
-                out, lse = torch.ops.psa_fa2.fwd(q, k, v, dk ** -0.5, impl)
-                dout = torch.randn_like(out)
-                dq, dk_, dv_ = torch.zeros_like(q), torch.zeros_like(k), torch.empty_like(v)
-                torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, dk ** -0.5, dq, dk_, dv_, impl,
-                                      deterministic)
+                    x = torch.randn(1, 2, N, 128, device="cuda", dtype=torch.bfloat16)
+                    q, k, v = x.split([32, 32, 64], dim=3)
+                forward_backward(q, k, v, impl, deterministic)
     os.environ.pop("PSA_FA2_DISABLE_SM90")
 
 
@@ -46,8 +55,7 @@ def images():
     for warpgroups in ("2", "3"):
         os.environ["PSA_FA2_KV_TILE_IMAGES"] = warpgroups
         for N in (37, 1601, 1664):
-            x = torch.randn(1, 2 * 128, N, device="cuda", dtype=torch.bfloat16)
-            q, k, v = (t.transpose(2, 3) for t in x.view(1, 2, 128, N).split([32, 32, 64], 2))
+            q, k, v = channel_first_views(N)
             torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
             # Scores rising along the keys: the row max jumps, and tiles are redone.
             q[..., 0] = 1
@@ -58,12 +66,7 @@ def images():
     # step, and 26 steps with a partial last one (2-byte K / V rows), on two heads.
     os.environ["PSA_FA2_BWD_STREAM_IMAGES"] = "1"
     for N in (37, 1601):
-        x = torch.randn(1, 2 * 128, N, device="cuda", dtype=torch.bfloat16)
-        q, k, v = (t.transpose(2, 3) for t in x.view(1, 2, 128, N).split([32, 32, 64], 2))
-        out, lse = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
-        dout = torch.randn_like(out)
-        dq, dk_, dv_ = torch.zeros_like(q), torch.zeros_like(k), torch.empty_like(v)
-        torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, 32 ** -0.5, dq, dk_, dv_, "fast", False)
+        forward_backward(*channel_first_views(N))
     os.environ.pop("PSA_FA2_BWD_STREAM_IMAGES")
 
 
@@ -72,19 +75,13 @@ def fp32():
     # masked tails (97 tokens: two key tiles, the second partial; four row steps, the last of one).
     # Both sizes split the forward's keys, exact and TF32 (2 and 7 CTAs per row tile, then the
     # combine).
-    for precision, N, layout_dims in itertools.product(("highest", "high"), (97, 1025),
-                                                       ((2, 3), None)):
+    for precision, N, channel_first in itertools.product(("highest", "high"), (97, 1025),
+                                                         (True, False)):
         torch.set_float32_matmul_precision(precision)
-        x = torch.randn(1, 2 * 128, N, device="cuda")
-        q, k, v = x.view(1, 2, 128, N).split([32, 32, 64], 2)
-        if layout_dims:
-            q, k, v = (t.transpose(*layout_dims) for t in (q, k, v))
-        else:
-            q, k, v = (t.transpose(2, 3).contiguous() for t in (q, k, v))
-        out, lse = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
-        dout = torch.randn_like(out)
-        dq, dk_, dv_ = torch.zeros_like(q), torch.zeros_like(k), torch.empty_like(v)
-        torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, 32 ** -0.5, dq, dk_, dv_, "fast", False)
+        q, k, v = channel_first_views(N, torch.float32)
+        if not channel_first:
+            q, k, v = (t.contiguous() for t in (q, k, v))
+        forward_backward(q, k, v)
     torch.set_float32_matmul_precision("highest")
 
 
