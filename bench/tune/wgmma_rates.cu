@@ -86,13 +86,9 @@ __device__ __forceinline__ uint64_t descriptor(uint32_t addr) {
   return static_cast<uint64_t>((addr & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
 
-constexpr int kBatch = 8;  // wgmmas per commit group: two passes over the tile's four k16 steps
-
-template <int N, bool kSS>
-__global__ void __launch_bounds__(384, 1) rate_kernel(long long* cycles, float* sink, int iters) {
-  extern __shared__ __align__(1024) unsigned char smem[];
-  // B: N rows x 128 bytes; A (SS): 64 rows x 128 bytes after it. Small values, not zeros.
-  const int bytes = (N + 64) * 128;
+// Fills the first `bytes` of shared memory with small bf16 values (not zeros), makes them
+// visible to the wgmmas' async proxy, and returns its shared-state-space address.
+__device__ __forceinline__ uint32_t fill_operands(unsigned char* smem, int bytes) {
   for (int i = threadIdx.x; i < bytes / 4; i += blockDim.x) {
     reinterpret_cast<uint32_t*>(smem)[i] = 0x3c003c00u ^ (i & 0x00ff00ffu);
   }
@@ -100,6 +96,16 @@ __global__ void __launch_bounds__(384, 1) rate_kernel(long long* cycles, float* 
   __syncthreads();
   uint32_t base;
   asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(base) : "l"(smem));
+  return base;
+}
+
+constexpr int kBatch = 8;  // wgmmas per commit group: two passes over the tile's four k16 steps
+
+template <int N, bool kSS>
+__global__ void __launch_bounds__(384, 1) rate_kernel(long long* cycles, float* sink, int iters) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  // B: N rows x 128 bytes; A (SS): 64 rows x 128 bytes after it.
+  const uint32_t base = fill_operands(smem, (N + 64) * 128);
   const uint64_t b_desc = descriptor(base);
   const uint64_t a_desc = descriptor(base + N * 128);
   uint32_t a[4];
@@ -143,16 +149,10 @@ template <bool kSS>
 __global__ void __launch_bounds__(384, 1)
     mixed_kernel(long long* cycles, float* sink, int tensor_wgs, int tensor_iters, int mufu_iters) {
   extern __shared__ __align__(1024) unsigned char smem[];
-  for (int i = threadIdx.x; i < 128 * 128 / 4; i += blockDim.x) {
-    reinterpret_cast<uint32_t*>(smem)[i] = 0x3c003c00u ^ (i & 0x00ff00ffu);
-  }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  __syncthreads();
+  const uint32_t base = fill_operands(smem, 128 * 128);
   const int wg = threadIdx.x / 128;
   long long t0 = 0, t1 = 0;
   if (wg < tensor_wgs) {
-    uint32_t base;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(base) : "l"(smem));
     const uint64_t b_desc = descriptor(base);
     uint32_t a[4];
     for (int i = 0; i < 4; ++i) a[i] = 0x3c003c00u + threadIdx.x + i;
@@ -202,13 +202,7 @@ __global__ void __launch_bounds__(384, 1)
 template <bool kSS>
 __global__ void __launch_bounds__(384, 1) issue_kernel(long long* cycles, float* sink, int iters) {
   extern __shared__ __align__(1024) unsigned char smem[];
-  for (int i = threadIdx.x; i < 128 * 128 / 4; i += blockDim.x) {
-    reinterpret_cast<uint32_t*>(smem)[i] = 0x3c003c00u ^ (i & 0x00ff00ffu);
-  }
-  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  __syncthreads();
-  uint32_t base;
-  asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(base) : "l"(smem));
+  const uint32_t base = fill_operands(smem, 128 * 128);
   const uint64_t b_desc = descriptor(base);
   const uint64_t a_desc = descriptor(base + 64 * 128);
   uint32_t a[4];
