@@ -7,7 +7,7 @@
 //   ./wgmma_rates
 // Prints FLOP per clock and SM and its share of 4096 (the H200's dense bf16 peak, 989 TFLOP/s at
 // 1830 MHz on 132 SMs), per n and warpgroups per SM: whether the n64 / n32 products of the
-// kernels (S and P V at n64, the backward's dK and dQ at n32) run at the tensor cores' rate.
+// kernels (S and P V at n64, the backward's dK at n32) run at the tensor cores' rate.
 #include <cuda_runtime.h>
 
 #include <cstdint>

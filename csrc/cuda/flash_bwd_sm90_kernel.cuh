@@ -67,7 +67,8 @@
 // 8 n64 products issued in 61 cycles alone, 250 beside another warpgroup's 8). Each pair of
 // product phases is about 384 cycles of the tensor cores at their full rate, which the n64 and
 // n32 products with A in registers reach from two warpgroups on; a step's exponentials are 512
-// cycles of the MUFU, which runs at 68% of its rate beside saturated products.//
+// cycles of the MUFU, which runs at 68% of its rate beside saturated products.
+//
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_bwd_dispatch.cu checks the device and the build).
 #pragma once

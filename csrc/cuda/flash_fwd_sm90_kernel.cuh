@@ -160,7 +160,8 @@
 // (the loop unrolled by two), so that the wait for P_{j-1} V_{j-1} could move from among the
 // exponentials to the step's end. It does not fit: ptxas serializes the wgmmas of "cft3", "cft"
 // and the row kernels for want of registers (C7512) and spills 12-16 bytes; "cft3" already
-// uses 166 of its 168.//
+// uses 166 of its 168.
+//
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
 #pragma once
