@@ -61,13 +61,11 @@
 //     against the default, four stages). Pieces of two steps rather than four: 18.1 -> 16.6 us
 //     at 1,4,400 (16 tiles of 7 steps, now shared by 3 CTAs each).
 //
-// The issue phases of the trace above (S^T and dP^T 250-380 cycles, dV and dK 180-260) are the
-// two warpgroups' products queued behind each other: issuing wgmmas waits while another
-// warpgroup's run (bench/tune/wgmma_rates.cu on the H200, bench/results/h200-2026-12-04-604063f:
-// 8 n64 products issued in 61 cycles alone, 250 beside another warpgroup's 8). Each pair of
-// product phases is about 384 cycles of the tensor cores at their full rate, which the n64 and
-// n32 products with A in registers reach from two warpgroups on; a step's exponentials are 512
-// cycles of the MUFU, which runs at 68% of its rate beside saturated products.
+// The step is a chain in lockstep: S^T and dP^T, the exponentials, dV and dK, the CTA barrier,
+// dQ. The trace, the ablations and the GPU limits behind that, and the variants measured on the
+// H200 and not kept (decoupled or turn-taking warpgroups, dQ on wgmma or on a third
+// warpgroup, bulk dQ reductions, steps of 128 rows, exponentials on the FMA pipe, ...), are in
+// bench/tune/sm90_experiments.md.
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_bwd_dispatch.cu checks the device and the build).
@@ -102,106 +100,12 @@
 #define PSA_FA2_BWD90_DQ_CHAINS 1  // independent accumulator chains of the dQ MMAs (1 or 2;
                                    // 2 measured 0-5% slower, h200-2026-12-01-5bb34ec)
 #endif
-// Tried, not kept: 4, 8 or 16 of each thread's 32 exponentials per step on the FMA pipe (2^x as a
-// cubic in its fraction, the integer part added to the exponent bits) were 7%, 6% and 12%
-// slower at B,H,N = 8,4,6400 and 1,2,62464 (bench/tune/tune_bwd.cu,
-// bench/results/h200-2026-12-01-9e983ee/kernel_variants.txt): the exponentials are not what
-// the step waits for.
-// Also tried, not kept (bench/tune/tune_bwd.cu at 1161e81, two alternating runs,
-// bench/results/h200-2026-12-02/bwd_decoupled.txt): the warpgroups decoupled, so that
-// one's exponentials could overlap the other's products. Each warpgroup streamed its own copy
-// of the rows through its own ring, published with its own barrier; they handed their dS^T
-// halves over with named barriers, and each computed half of dQ (warpgroup 0 one step late).
-// That was 15-18% slower at 8,4,6400 and 1,2,62464 (1780 against 1507 us, 10246 against
-// 8666). One ring, filled by warpgroup 0 and published with its hand-over, was 3% slower
-// (1557, 8993 us). Nsight Compute (8,4,6400, one ring) had warpgroup 1 waiting at the
-// hand-over for 13% of the samples: the warpgroups do not drift apart, and each step had one
-// barrier more. The second ring's copies cost the difference between the two (the default
-// kernel's L1 / shared-memory pipe is 66% busy there already).
-// Also tried, not kept: dQ on wgmma per warpgroup (A = its dS^T from a swizzled tile, B = its K
-// tile; no CTA barrier before dQ, twice the reductions) passed its tests but was 8-10% slower
-// at every shape on the H200 (bench/results/h200-2026-12-01-0a2a437/bwd_dq_wgmma.md).
-// Also tried, not kept (3c71235, PSA_FA2_BWD90_DQ_WARPGROUP=1; bench/tune/tune_bwd.cu, two
-// alternating runs, bwd_dq_warpgroup.txt in bench/results/h200-2026-12-03-3c71235): dQ on a
-// third warpgroup. The two MMA warpgroups handed each step's dS^T to it through the two buffers
-// (named barriers "full" and "empty", 384 threads each) and went on to the next step, published
-// by a barrier of their own; setmaxnreg gave them 216 registers and it 72 (the CTA launches
-// with 168 each: 2 x 216 + 72 is all of that, and asking for more waits forever). Correct (the
-// backward's wgmma tests passed), and even: 8532-8590 against 8581-8592 us at 1,2,62464,
-// 1479-1490 against 1474-1482 at 8,4,6400, 33.5-34.2 against 33.1-33.5 at 16,4,400. So dQ was
-// not what a step waited for (it runs while dV and dK are in flight); the two warpgroups' own
-// chain (S^T and dP^T, the exponentials, dV and dK, in lockstep) is.
-// Also measured, in bench/results/h200-2026-12-03-3e9af36:
-//   - a clock64 trace of one CTA (bwd_phase_trace.txt; the stamps slow it by 9-19%), which
-//     splits a step at 1,2,62464 into: S^T and dP^T issued 250-380 cycles, S^T waited for
-//     50-110, the exponentials 520-610, dS^T 150-200, dV and dK issued 180-260, the CTA barrier
-//     300-520, dQ 450-540 (dV and dK land meanwhile), of about 2630;
-//   - the dQ reductions of key tile t into copy t % k of the workspace (bwd_dq_spread.txt,
-//     timing only), so that the CTAs running at once (which stream the same query rows) add
-//     into k places rather than one: 1.01-1.02x slower with two copies at 1,2,62464, more with
-//     four and eight, slower at every smaller shape. Contention for the same addresses is not
-//     the limit either;
-//   - not taken: -lse log2(e) written per row by the preprocess and streamed instead of lse
-//     (bwd_neg_lse_preprocess.patch, bwd_neg_lse_ab.txt), which removes the three FMULs that
-//     ptxas places between the first two S^T wgmmas (Nsight Compute has them waiting for their
-//     shared-memory load: ncu_bwd_hotspots.txt): 1.1% at 1,2,62464, 0.5-1.5% at 8,4,6400 and
-//     16,4,1600. Timed again at 9c9412b (h200-2026-12-03-9c9412b/bwd_neg_lse_ab.txt): even at
-//     1,2,62464 (8724 / 8748 against 8728 / 8741 us), 1.3% at 8,4,6400, 1.7% at 16,4,1600. The
-//     arithmetic is the same, yet test_backward_fast_rising_scores (fp16, channel-first, dq just
-//     above 2x eager's error: 4.81e-2 against 4.07e-2, 3.29e-2 against 3.25e-2) failed in 2 of
-//     11 runs with it and in none of 19 without (rising_scores_repeats.txt there): too little
-//     gain to take while that is unexplained.
-// Also tried at 9c9412b, each slower (bench/tune/tune_bwd.cu, alternating runs; the patches and
-// timings in bench/results/h200-2026-12-03-9c9412b):
-//   - the warpgroups taking turns (named barriers) to issue S^T / dP^T, so that warpgroup 1's
-//     products run while warpgroup 0 exponentiates: 3-5% slower at every shape (9099-9120
-//     against 8682-8722 us at 1,2,62464); turns for dV / dK as well, 5% (bwd_turns.txt). Not
-//     profiled; presumably the CTA barrier of each step lines the warpgroups up again, so that
-//     the offset only delays warpgroup 1.
-//   - dV issued as soon as P^T is packed, before dS^T is computed: 14% slower (9952-9987 us),
-//     and it spilled (255 registers); each warp's dQ over its own warpgroup's 64 keys before the
-//     CTA barrier (after a warpgroup barrier), the rest after it: 15% slower (10025-10088 us),
-//     both 27% (bwd_early_dv_dq_own_first.txt).
-//   - steps of 128 streamed rows (two 64-row sub-tiles, six or eight stages, the K fragments of
-//     dQ loaded per step to make room; lse read once S^T has landed, D once dP^T has): half the
-//     CTA barriers, correct (test_fast_kernels, test_attention, test_api and memcheck passed
-//     with it), and 13-14% slower at 1,2,62464 (9906-10000 against 8745-8764 us), 14% at
-//     8,4,6400, 15% at 16,4,400 (bwd_subtiles.txt). Not profiled; presumably the longer phases
-//     in lockstep (the whole CTA exponentiates 64 scores per thread while the tensor pipe idles,
-//     then the reverse). The same code at 64 rows ran 2% slower than the tree's (ptxas placed
-//     the registers differently), and with lse and D read late about even.
-//   - the warpgroups decoupled again, this time with no barrier shared by the two in the step
-//     (a patch of 7c8b8b4, bwd_decoupled_mbarriers.patch): the stream ring published and released
-//     through mbarriers (each thread waits for its own copies, fences them and arrives on the
-//     stage's "full" barrier; it arrives on "empty" once its step's wgmmas have landed; a stage
-//     is refilled kStages - 2 steps ahead once both warpgroups have released it), and each
-//     warpgroup adding the dQ of its own 64 keys (a warpgroup barrier between its dS^T and its
-//     dQ; twice the reductions). Correct by the checksums, and slower: 16% at 1,2,62464 (10165 /
-//     10183 against 8811 / 8742 us), 11% with four stages (9742 / 9789), 20% with turns on top
-//     (10470 / 10535); 15-16% / 12% / 21% at 8,4,6400 (bwd_decoupled_mbarriers.txt).
-// Where a step's time goes, by ablation (bwd_ablations.patch, PSA_FA2_BWD90_ABLATE; timing only,
-// the gradients are wrong; bwd_ablations.txt, two runs, against 8704-8752 us at 1,2,62464 and
-// 1508-1511 at 8,4,6400 for the tree): without the exponentials 8132 / 8144 us (-7%; -6% at
-// 8,4,6400); without the dV / dK wgmmas 8178 / 8192 (-6%; -5%); without the S^T / dP^T wgmmas
-// 7096 / 7108 (-19%; -17%); without any wgmma 6083 / 6089 (-30%; -27%); without dQ's MMAs and
-// ldmatrix (its zeros still reduced) 7857 / 7868 (-10%; -8%); without dQ's reductions (its MMAs
-// kept) 7244 / 7296 (-17%; -15%). The reductions cost more than the MMAs that make dQ, while
-// spreading them over more addresses did not help (above), so presumably the cost is in issuing
-// them (two shuffles and a 16-byte red per lane and n8 block, every step) rather than in
-// contention for the additions.
-// bwd_bulk_dq.patch (there) stores each step's dQ block to shared memory instead and has one
-// thread add it with a bulk asynchronous reduction after the next step's barrier, as
-// FlashAttention-3 does: correct (the wgmma backward tests passed), and 1-4% slower at every
-// shape (8784-8839 against 8679-8757 us at 1,2,62464; bench/results/h200-2026-12-03-7281e64/
-// bwd_bulk_dq_ab.txt, four alternating runs).
-// What the reductions cost is issuing them (bench/results/h200-2026-12-03-7281e64, three
+// What the dQ reductions cost is issuing them (bench/results/h200-2026-12-03-7281e64, three
 // alternating runs each, bench/tune/tune_bwd.cu):
 //   - the workspace in fragment order (fbwd::red_add_dq_block), which drops the four shuffles
 //     and eight selects per lane and step that lined each lane's values up by column: 8497-8522
 //     against 8726-8760 us at 1,2,62464, 1479 against 1508-1511 at 8,4,6400, 239 against 244 at
-//     16,4,1600 (dq_red_ab.txt). Timing only, in the same runs: half the bytes in the same
-//     number of reductions (8-byte ones) changed nothing (8514-8548 us), half the reductions
-//     of 16 bytes took 8288-8335 us;
+//     16,4,1600 (dq_red_ab.txt);
 //   - those reductions issued one step late (PSA_FA2_BWD90_LATE_DQ_RED), after the next step's
 //     S^T / dP^T wgmmas, so that the warp does not wait for its dQ MMAs at the end of a step:
 //     8226-8369 against 8470-8509 us at 1,2,62464, 1442-1444 against 1468-1478 at 8,4,6400,
@@ -209,32 +113,6 @@
 //     dq_late_red_ab.txt). 252-253 registers, no spills, but the 2-byte-row instance ("cfu",
 //     odd N below 1600 tokens) spills 12 bytes at 255 (it did not before): by the SASS of nvcc
 //     13.0, three stores in the prologue and one load in the epilogue, none in the steps.
-// Timing only, in those runs: streaming no rows after the prologue (no copies in the steps)
-// took 7624-7644 us at 1,2,62464 and 1351-1352 at 8,4,6400, 6-8% less: the most that bulk
-// copies of the rows (one thread, an mbarrier per stage) could save.
-// Also tried, each correct and slower at B,H,N = 8,4,6400 (before the K fragments stayed in
-// registers; bench/results/h200-2026-12-01-a1a6064/bwd_variants.md):
-//   - one warpgroup of 64 keys per CTA and two CTAs per SM, so that independent CTAs
-//     interleave their phases: 2041 against 2001 us (three CTAs per SM, 168 registers: 2096);
-//   - a software-pipelined step (the next step's S^T and dP^T issued with this step's dV and
-//     dK, before its dQ; one barrier per step, three stages, two dS^T buffers): 2190 us, as
-//     ptxas places the dP^T and dV / dK waits right after the S^T one, so the exponentials
-//     wait for every product anyway. Issuing the next scores after dV / dK instead, with them
-//     in flight across the loop's back edge, made ptxas serialize every wgmma (C7515).
-//   - each step's dQ deferred to the next step, issued right after its S^T and dP^T (the first
-//     step adding a zeroed dS^T buffer; lse and D read after it): correct, and 1.39-1.40x
-//     slower at all four shapes of bench/tune/tune_bwd.cu (2108 against 1509 us at 8,4,6400,
-//     12186 against 8700 at 1,2,62464; bench/results/h200-2026-12-02-c58f540). ptxas took 255
-//     registers with 84 bytes of spills and spread the dQ MMAs and reductions over the whole
-//     step up to its barrier, among the exponentials.
-//   - each key tile starting its query stream at its own offset (tile * steps / tiles, wrapping
-//     round), so that the CTAs running at once add into different rows of the dQ workspace
-//     rather than all into the same 64: 2.5-4% slower at all four shapes of
-//     bench/tune/tune_bwd.cu (8924-8936 against 8700-8709 us at 1,2,62464, 1554-1558 against
-//     1499-1510 at 8,4,6400; three alternating runs, bwd_stagger_ab.txt in
-//     bench/results/h200-2026-12-03-aa2097c). Not profiled: the reductions into the same rows
-//     evidently cost little, and the change also stops the CTAs of a head from reading the
-//     same Q / dO rows at the same time.
 
 namespace psa_fa2 {
 namespace fbwd_sm90 {

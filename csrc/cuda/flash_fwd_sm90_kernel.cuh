@@ -26,11 +26,6 @@
 // 2,2,31250 and 1,2,62500). A step's second tile may be missing at the end of a row: the
 // prologue zeroes the stages, so that its keys (masked, P = 0) multiply zeros or an earlier
 // tile's V (which, were it not finite, had made the output so already).
-// The images with one warpgroup per CTA were measured too and removed: they take the
-// per-thread copy addressing, the cp.async waits and their proxy fence out of each step (by the
-// SASS of nvcc 13.0, about 200 instructions per warp on a step's common path against 260 for
-// the 8-byte row copies of 1,2,62500), yet gained nothing (0.98-1.05x from 12800 tokens on):
-// the kernel is latency-bound, not issue-bound.
 //
 // Per key tile j the warpgroup issues S_j = Q K_j^T and then O += P_{j-1} V_{j-1}, waits for
 // the first, exponentiates S_j and waits for the second before packing P_j into the registers
@@ -38,33 +33,7 @@
 // model what the wait costs, and neither a dependency on the softmax's end nor a shared-memory
 // store kept it later), so the overlap of one CTA's softmax with its own P V is small; the
 // kernel relies on its 4 CTAs per SM (118-126 registers, 28 KB of shared memory; 2 CTAs at the
-// 2-byte copies of odd N) to overlap one CTA's softmax with the others' MMAs. A branch on an
-// opaque, always-true condition right after the exponentials does keep the wait there (ptxas
-// waits for every product at a branch), but that measured 3-8% slower on every kernel
-// (kernel_variants.txt run 7 in bench/results/h200-2026-12-01-9e983ee).
-// Tried on the H200, not kept: four such warpgroups per CTA (one CTA per SM) ran 1.3% faster
-// at B,H,N = 1,2,62500 and 17% slower at 8,4,6400; with a token passed around them so that
-// one at a time runs its exponentials (MUFU contention looked like the limit), 15-44% slower.
-// Issuing S_{j+1} before the softmax of S_j (a second S accumulator, the loop unrolled by
-// two, K three tiles deep) needs 200 registers: at 168 (3 CTAs per SM) ptxas serializes the
-// wgmmas for want of registers, and at 2 CTAs per SM it ran 20-43% slower (5009 against
-// about 4160 us at 1,2,62500, 878 against 634 at 8,4,6400).
-// Also tried on the images (bench/tune/tune_fwd.cu, two alternating runs,
-// bench/results/h200-2026-12-01-9e983ee/kernel_variants.txt), against "cft" at
-// 8,4,6400 / 1,2,62500: the two warpgroups taking turns to issue their wgmmas (FlashAttention-3's
-// ping-pong, on named barriers; two placements) 3-14% / 5-13% slower (on "cft3", three in turn:
-// 54% slower at 31250-100000 tokens); eight stages, fetched two to six steps ahead,
-// within 1%; four warpgroups per CTA 8% slower / even; two warpgroups on 128-key steps (one
-// CTA per SM, 201 registers) 25% / 28% slower. On "cft3", 4 to 16 of each thread's 64
-// exponentials per step on the FMA pipe (2^x as a cubic in its fraction, the integer part
-// added to the exponent bits) were 0-12% slower. Letting the last warp to release a stage
-// refill it (a shared-memory count instead of the empty barriers; nobody waits for a stage)
-// was 1-3% slower on "cft" and 30-35% slower on "cft3" (not profiled further).
-// Nsight Compute on "cft3" at 1,2,62500 (ncu_fwd_cft3_1x2x62500.txt in those results): the XU
-// (MUFU) pipe 62.5% busy, an instruction issued in 42% of the cycles, 0.82 eligible warps per
-// scheduler; the MUFU.EX2 hold the most stall samples (a quarter of all of them among the 60
-// hottest instructions alone: their inputs' latency and a full MUFU queue, "mio"), then the
-// wgmmas and the wait for P V, the mbarrier waits and the redo vote.
+// 2-byte copies of odd N) to overlap one CTA's softmax with the others' MMAs.
 //
 // The softmax checks its max instead of taking it. The running row max moves only when it
 // grows by more than 2^8 (mma_softmax::kLazyMaxSlack), which most tiles of a long row never
@@ -88,79 +57,13 @@
 // 1,1,100000, 1.05x at 8,4,6400, 0.99x at 2,2,31250; "cft" 1.03-1.05x in the first
 // but 0.97-0.99x in the second, so "cft" keeps the warpgroup vote. PSA_FA2_SM90_WARP_REDO=0
 // or 1 (an experiment) gives both image kernels the vote or the per-warp decision.
-// Tried, not kept: the row sums of P on the tensor cores (8 rows of ones after each V tile,
-// O += P V as a wgmma n72), which drops the 32 FADDs per thread and tile; ptxas then moved
-// P into the A registers after the wait (16 moves) and the stage addressing to the vector
-// pipes, and it measured 3.6% slower at 1,2,62500 (4314 against 4162 us).
-// Also tried, not kept (bench/tune/tune_fwd.cu, two alternating runs, 2026-12-01): a share of
-// the exponentials on the FMA pipe (round, a cubic, the exponent added to its bits: 9
-// instructions for one MUFU op) was 5% slower with 8 of each thread's 32 per tile and 12% with
-// 16, at every shape. Measured again on both image kernels with the rounding as an FADD of
-// 1.5 * 2^23 (FRND and F2I take the MUFU's 8 cycles per warp instruction on a sub-partition,
-// as ex2 does: bench/tune/mufu_rates.cu) and a cubic of relative error 1e-4: slower still,
-// 0.97x with 4 of each thread's 64 exponentials per step of "cft3" at 1,2,62500, 0.83x with 32,
-// "cft" alike (fma_exps.txt in bench/results/h200-2026-12-02-eb645f6). The MUFU pipe is not
-// the limit (ex2 runs at 16 per clock and SM, and this kernel keeps it about 60% busy); every
-// instruction added to a warp's step costs time. A clock64 trace of one CTA of "cft3" there
-// (phase_trace.txt; the stamps moved the wait for P V after the exponentials) has a warp's
-// step at about 2600 cycles: about 600 from its start until S lands, 1300 issuing its 64 FFMA
-// + 64 MUFU (ptxas spaces consecutive MUFUs 8 cycles apart), 680 for the rest (the wait for
-// P V, packing P, the redo vote, the row sums). The three warpgroups run a third to a half of
-// a step apart without being told to (starting them 800 cycles apart changed nothing), and at
-// least one warp of each sub-partition is issuing exponentials 98% of the time.
-// The redo decision from each lane's row sums of the tile (> 2^8) instead of the packed maxima
-// was 0-5% slower (ptxas placed the step's addressing worse). ex2.approx.f16x2 / .bf16x2 are
-// two MUFU ops on sm_90 (15.9 elements per clock and SM, as f32), so packed exponentials gain
-// nothing either.
-// Looked at in the SASS only (nvcc 13.0, not timed): committing "cft3"'s two S tiles as two
-// wgmma groups and waiting for them apart, so that the first tile's exponentials run while
-// the second tile's product is in flight. ptxas issues 1 of the 32 exponentials between the
-// two waits (and the P V wait after 8 more), as it does with one wait; an empty asm on the
-// first half's sums is no instruction to it. A wait predicated on those sums (always true)
-// kept it in place but made ptxas wait after every wgmma of the kernel.
-// Tried on "cft3" (bf16), measured and not kept (e1613cc; bench/tune/tune_fwd.cu, two
-// alternating runs, offset_ab.txt in bench/results/h200-2026-12-03-e1613cc): the exponentials'
-// offsets added by the product, so that a probability is one MUFU ex2 with no FFMA (64 fewer
-// per thread and step). Q was scaled by scale log2(e) once, in shared memory, and S read it from
-// there (an SS wgmma), plus one k16 step of A = -m as three exact bf16 terms and B = ones.
-// 1.01-1.03x at 1,2,62500, 1.03-1.04x at 2,2,31250, 0.99-1.02x at 8,4,6400: too little for what
-// it costs, which is Q rounded to bf16 after scaling, so that lse moves by that rounding (up to
-// about 2^-9 of the scores) and the backward's P, recomputed from exact scores, with it. (With
-// the offsets' wgmma first in the group, as the one that zeroes S, ptxas serialized every wgmma
-// of the kernel, C7514; last, it did not.)
-// Also tried (fc75ef8, q_smem_ab.txt in bench/results/h200-2026-12-03-fc75ef8, two alternating
-// runs): S reading Q from its shared tile (SS wgmmas) rather than from the A fragments, which
-// frees their 8 registers; exact, and 0.90x on "cft3" at 1,2,62500 (3400 against 3064-3078 us),
-// 0.88x at 2,2,31250, 0.97x at 8,4,6400; "cft" within 1%.
-// Also tried (aa2097c, split_pv_ab.txt in bench/results/h200-2026-12-03-aa2097c, three
-// alternating runs): P_{j-1} V_{j-1} issued in two parts, half with S_j and half after the first
-// half of S_j's exponentials (so that the other warpgroups' S products, issued meanwhile, would
-// queue behind half a P V only), or all of it after them. ptxas then spread the late wgmmas
-// among the exponentials and waited for P V after about 40 of them rather than 9. "cft3" ran
-// 0.86-0.88x at 1,2,62500 (3540 and 3490 against 3061-3073 us; fp16 alike), 0.89x / 0.93x at
-// 2,2,31250 and 0.93x at 8,4,6400; "cft" 0.99x / 1.00x. Not profiled; one likely cause is a warp
-// held at a wgmma it issues while the tensor pipe is busy, in the middle of its exponentials.
 //
-// Measured apart from the kernels (bench/tune/wgmma_rates.cu on the H200, wgmma_rates.txt in
-// bench/results/h200-2026-12-04-604063f):
-//   - the n64 products run at the tensor cores' full rate, 4096 FLOP per clock and SM from two
-//     warpgroups on, A from registers or shared memory (n32 too, but with both operands in
-//     shared memory at 67%): wider S products would gain nothing;
-//   - issuing a batch of wgmmas waits while another warpgroup's products run: 8 n64 products
-//     are issued in 61 cycles alone, 250 beside one other warpgroup's 8 and 502 beside two. So a
-//     warpgroup issuing S_j and P_{j-1} V_{j-1} behind the others' products waits there before
-//     it can wait for S_j and start its exponentials;
-//   - ex2 runs at 68% of its rate (10.8 of 16 per clock and SM) while products keep the tensor
-//     cores busy, at 96% alone.
-// At 1,2,62500 a step of "cft3" is 1152 cycles of products per SM and 1536 of ex2 per
-// sub-partition; with the ex2 slowed while the products run, about 1900 cycles is a rough floor
-// for it (the FFMAs, sums and packing aside), against about 2500 measured (3064 us over some
-// 2415 steps per SM, taking 1980 MHz).
-// Tried in ptxas only (nvcc 13.0): P packed into a second set of registers every other step
-// (the loop unrolled by two), so that the wait for P_{j-1} V_{j-1} could move from among the
-// exponentials to the step's end. It does not fit: ptxas serializes the wgmmas of "cft3", "cft"
-// and the row kernels for want of registers (C7512) and spills 12-16 bytes; "cft3" already
-// uses 166 of its 168.
+// At long rows a step is bound by its exponentials: the MUFU computes them at about two thirds
+// of its rate while the products fill the tensor cores, and a warpgroup issuing its products
+// waits while the others' run. The profiles, traces and GPU limits behind that, and the
+// variants measured on the H200 and not kept (ping-pong, S issued a step ahead, exponentials
+// on the FMA pipe, offsets in the product, Q from shared memory, P V split, ...), are in
+// bench/tune/sm90_experiments.md.
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
