@@ -114,6 +114,28 @@
 //     odd N below 1600 tokens) spills 12 bytes at 255 (it did not before): by the SASS of nvcc
 //     13.0, three stores in the prologue and one load in the epilogue, none in the steps.
 
+// Experiments, not yet measured against the defaults (bench/tune/sm90_experiments.md):
+#ifndef PSA_FA2_BWD90_DQ_WGMMA
+// 1: dQ on wgmma, as FlashAttention-4's Hopper backward computes it: after the step's barrier
+// each warpgroup computes 16 of dQ's 32 columns over all 128 keys (A = dS from the dS^T tile,
+// now 128-byte swizzled; B = the K tiles) and reduces them once they land. Channel-first only.
+#define PSA_FA2_BWD90_DQ_WGMMA 0
+#endif
+#ifndef PSA_FA2_BWD90_IMAGE_EARLY_ISSUE
+// 1 (stream images): thread 0 issues the bulk copies of a later step right after issuing its
+// step's S^T and dP^T, while its warp would wait for S^T, rather than after the step's barrier
+// (between it and dQ, where the CTA waits for warp 0 at the next barrier); a step ahead less.
+#define PSA_FA2_BWD90_IMAGE_EARLY_ISSUE 0
+#endif
+#ifndef PSA_FA2_BWD90_IMAGE_FENCE
+// 0 (stream images): the step's barrier without the cp.async wait and the proxy fence (SASS: a
+// MEMBAR.ALL.CTA), which images do not need: their rows come by bulk copies (the async proxy)
+// and dS^T is read by ldmatrix (the generic proxy).
+#define PSA_FA2_BWD90_IMAGE_FENCE 1
+#endif
+static_assert(PSA_FA2_BWD90_IMAGE_FENCE || !PSA_FA2_BWD90_DQ_WGMMA,
+              "dQ on wgmma reads dS^T through the async proxy: it needs the fence");
+
 namespace psa_fa2 {
 namespace fbwd_sm90 {
 
@@ -173,7 +195,14 @@ struct Sm90BwdTraits {
   using QTile = TokenTile<kDk>;   // kStages of them
   using DOTile = TokenTile<kDv>;  // kStages of them
   // dS^T [owned key][streamed row], padded rows: the layout the mma.sync kernel's dQ reads.
-  using DSTile = fbwd::Tile<kBlockN, kBlockM, true>;
+  static constexpr bool kDQWgmma = PSA_FA2_BWD90_DQ_WGMMA;
+  static_assert(!kDQWgmma || (kCF && PSA_FA2_BWD90_LATE_DQ_RED), "dQ on wgmma: channel-first");
+  using DSTile = std::conditional_t<kDQWgmma, ffwd::SmemTile<kBlockN, kBlockM>,
+                                    fbwd::Tile<kBlockN, kBlockM, true>>;
+  // dQ on wgmma: A = dS from dS^T [key][row] (rows along the tile's 128-byte lines: MN-major),
+  // B = this warpgroup's 16 columns of both K tiles ([d][key]: K-major).
+  using DSForDQ = wgmma::OperandB<ffwd::SmemTile<kBlockN, kBlockM>, false>;
+  using KForDQ = wgmma::OperandB<KTile, true>;
 
   static constexpr int kKOffset = 0;
   static constexpr int kVOffset = kKOffset + kWarpgroups * KTile::kBytes;
@@ -182,7 +211,9 @@ struct Sm90BwdTraits {
   // lse and D: [stage][row pair][lse of the pair, D of the pair], so that a thread reads those
   // of its two columns j * 8 + 2t, + 1 in one 16-byte load.
   static constexpr int kRowStatsOffset = kDOOffset + kStages * DOTile::kBytes;
-  static constexpr int kDSOffset = kRowStatsOffset + kStages * kBlockM * 8;
+  static constexpr int kDSOffset =  // dQ on wgmma: swizzle atoms of dS^T aligned
+      kDQWgmma ? (kRowStatsOffset + kStages * kBlockM * 8 + 1023) / 1024 * 1024
+               : kRowStatsOffset + kStages * kBlockM * 8;
   // Q, dO, lse and D from stream images (stream_tile_images.h; kStreamVecBytes ==
   // kStreamTileImages): thread 0 fetches a step's with three bulk copies that complete the
   // stage's "full" mbarrier, on which every thread waits, instead of every thread copying rows.
@@ -356,7 +387,9 @@ __global__ void __launch_bounds__(
   // initialisation and the first arrival on it as a possible race.)
   if constexpr (Tr::kStreamImages) __syncthreads();
   issue_stream(it_begin);  // one group with K and V
-  for (int i = 1; i < Tr::kStages - 1; ++i) issue_stream(it_begin + i);
+  constexpr bool kEarlyIssue =
+      Tr::kStreamImages && Tr::kOneBarrier && PSA_FA2_BWD90_IMAGE_EARLY_ISSUE;
+  for (int i = 1; i < Tr::kStages - (kEarlyIssue ? 2 : 1); ++i) issue_stream(it_begin + i);
   if constexpr (Tr::kStreamImages) {
     ffwd::cp_async_commit();  // K and V
     publish_copies<0>();
@@ -372,7 +405,7 @@ __global__ void __launch_bounds__(
   // keys, k16 step ks: the same every step, so loaded once. kq[ks][0], [1]: keys lo, hi of
   // columns 16 np .. + 8; [2], [3]: of the next 8.
   uint32_t kq[Tr::kBlockN / 16][4];
-  {
+  if constexpr (!Tr::kDQWgmma) {
     const int np = warp % (kDk / 16);
     const int li = lane / 8, lr = lane % 8;
 #pragma unroll
@@ -417,6 +450,10 @@ __global__ void __launch_bounds__(
   float dq_pending[2][4];
   float* dq_pending_row0 = nullptr;
   const int dq_np = warp % (kDk / 16);
+  const int dq_col0 = Tr::kDQWgmma ? wg * 16 : dq_np * 16;
+  float dqa[2][4];  // dQ on wgmma: this warp's 16 x 16 block, in flight until the step's end
+  const uint64_t ds_desc0 = Tr::DSForDQ::descriptor(ffwd::smem_u32(sDS));
+  const uint64_t k_dq_desc = Tr::KForDQ::descriptor(sK0 + wg * 16 * 128);
   auto step = [&](int it, int stage, auto masked) {
     const int str0 = it * kBlockM;
     uint16_t* const ds_buf = sDS + (Tr::kDSBuffers == 2 ? (it & 1) * DSTile::kElems : 0);
@@ -464,9 +501,11 @@ __global__ void __launch_bounds__(
       }
     }
     wgmma::commit_group();
-    if constexpr (PSA_FA2_BWD90_LATE_DQ_RED) {
+    // Early issue: step it - 2's stage is free (every thread passed the barrier of step it - 1).
+    if constexpr (kEarlyIssue) issue_stream(it + Tr::kStages - 2);
+    if constexpr (PSA_FA2_BWD90_LATE_DQ_RED && !Tr::kDQWgmma) {
       if (dq_pending_row0 != nullptr) {
-        fbwd::red_add_dq_block<kDk>(dq_pending_row0, dq_pending, dq_np * 16);
+        fbwd::red_add_dq_block<kDk>(dq_pending_row0, dq_pending, dq_col0);
       }
     }
 
@@ -505,7 +544,11 @@ __global__ void __launch_bounds__(
       // kk * 16 + (i / 2) * 8 ..); rows 144 bytes apart put each 16-byte row in its own banks.
       const int ds_key = warp * 16 + ((lane / 8) % 2) * 8 + lane % 8;
       const int ds_col = kk * 16 + (lane / 16) * 8;
-      stsm_x4(ffwd::smem_u32(ds_buf + DSTile::off(ds_key, ds_col)), df[kk]);
+      if constexpr (Tr::kDQWgmma) {
+        stsm_x4(ffwd::smem_u32(ds_buf + DSTile::offset(ds_key, ds_col / 8)), df[kk]);
+      } else {
+        stsm_x4(ffwd::smem_u32(ds_buf + DSTile::off(ds_key, ds_col)), df[kk]);
+      }
     }
 
     // dV += P^T dO and dK += dS^T Q, in flight during dQ below.
@@ -529,8 +572,12 @@ __global__ void __launch_bounds__(
     // and every thread is past the waits on the products that read the previous step's stage,
     // which is refilled.
     if constexpr (Tr::kOneBarrier) {
-      publish_copies<Tr::kStages - 3>();  // step it + 1's rows; younger ones may stay in flight
-      issue_stream(it + Tr::kStages - 1);
+      if constexpr (Tr::kStreamImages && !PSA_FA2_BWD90_IMAGE_FENCE) {
+        __syncthreads();
+      } else {
+        publish_copies<Tr::kStages - 3>();  // step it + 1's rows; younger ones may stay in flight
+      }
+      if constexpr (!kEarlyIssue) issue_stream(it + Tr::kStages - 1);
     } else {
       __syncthreads();
     }
@@ -538,7 +585,28 @@ __global__ void __launch_bounds__(
     // dQ[str0 .. + 64] += dS K over the CTA's 128 keys: warp w computes the 16 x 16 block
     // (rows 16 (w / 2), columns 16 (w % 2)), in PSA_FA2_BWD90_DQ_CHAINS chains of MMAs (k16
     // steps round robin) that are summed at the end, so that fewer of them wait on each other.
-    {
+    if constexpr (Tr::kDQWgmma) {
+      // dQ[str0 .. + 64, 16 wg .. + 16] = dS K over the CTA's 128 keys: A = dS^T's tile, B =
+      // rows 16 wg .. of the K tiles (keys 0 .. 63 in the first, 64 .. 127 in the second).
+      // In flight until the step's end, where it is reduced.
+      using DSA = typename Tr::DSForDQ;
+      using KB = typename Tr::KForDQ;
+      const uint64_t ds_desc =
+          ds_desc0 + DSA::advance(Tr::kDSBuffers == 2 ? (it & 1) * DSTile::kBytes : 0);
+      wgmma::fence();
+#pragma unroll
+      for (int ks = 0; ks < Tr::kBlockN / 16; ++ks) {
+        const uint64_t a = ds_desc + DSA::advance(ks * DSA::kKStepBytes);
+        const uint64_t b =
+            k_dq_desc + KB::advance((ks / 4) * KTile::kBytes + (ks % 4) * KB::kKStepBytes);
+        if (ks == 0) {
+          wgmma::mma_ss_m64n16k16<kDtype, false, DSA::kTranspose, KB::kTranspose>(dqa, a, b);
+        } else {
+          wgmma::mma_ss_m64n16k16<kDtype, true, DSA::kTranspose, KB::kTranspose>(dqa, a, b);
+        }
+      }
+      wgmma::commit_group();
+    } else {
       static_assert(kBlockM / 16 * (kDk / 16) == Tr::kThreads / 32, "one dQ block per warp");
       const int mt = warp / (kDk / 16);
       constexpr int kChains = PSA_FA2_BWD90_DQ_CHAINS;
@@ -582,6 +650,13 @@ __global__ void __launch_bounds__(
     wgmma::pin(dk_acc);
     wgmma::pin(pf);
     wgmma::pin(df);
+    if constexpr (Tr::kDQWgmma) {
+      // Reduced here, on no branch: ptxas serializes every wgmma of the kernel when an
+      // accumulator's registers are read on a path it cannot prove uniform.
+      wgmma::pin(dqa);
+      fbwd::red_add_dq_block<kDk>(ws + (int64_t(bh) * n_pad + str0 + (warp % 4) * 16) * kDk, dqa,
+                                  dq_col0);
+    }
   };
 
   const bool own_tail = own0 + Tr::kBlockN > n;
@@ -605,9 +680,9 @@ __global__ void __launch_bounds__(
     }
     stage = stage + 1 == Tr::kStages ? 0 : stage + 1;
   }
-  if constexpr (PSA_FA2_BWD90_LATE_DQ_RED) {  // the last step's
+  if constexpr (PSA_FA2_BWD90_LATE_DQ_RED && !Tr::kDQWgmma) {  // the last step's
     if (dq_pending_row0 != nullptr) {
-      fbwd::red_add_dq_block<kDk>(dq_pending_row0, dq_pending, dq_np * 16);
+      fbwd::red_add_dq_block<kDk>(dq_pending_row0, dq_pending, dq_col0);
     }
   }
   ffwd::cp_async_wait<0>();  // the empty groups, before the epilogue reuses shared memory
