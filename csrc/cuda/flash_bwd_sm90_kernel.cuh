@@ -114,26 +114,31 @@
 //     odd N below 1600 tokens) spills 12 bytes at 255 (it did not before): by the SASS of nvcc
 //     13.0, three stores in the prologue and one load in the epilogue, none in the steps.
 
-// Experiments, not yet measured against the defaults (bench/tune/sm90_experiments.md):
+// Experiments (bench/tune/sm90_experiments.md has what they measured):
 #ifndef PSA_FA2_BWD90_DQ_WGMMA
-// 1: dQ on wgmma, as FlashAttention-4's Hopper backward computes it: after the step's barrier
+// dQ on wgmma, as FlashAttention-4's Hopper backward computes it: after the step's barrier
 // each warpgroup computes 16 of dQ's 32 columns over all 128 keys (A = dS from the dS^T tile,
-// now 128-byte swizzled; B = the K tiles) and reduces them once they land. Channel-first only.
+// then 128-byte swizzled; B = the K tiles) and reduces them at the step's end. 0: never (the
+// default until the GPU tests have run on it), 1: every channel-first instance, 2: the
+// stream-image instances. On an H100 (bench/tune/tune_bwd.cu, h100-2026-12-05-fa09652) the
+// stream-image kernel ran 1.17x faster with it at 8,4,6400 and 1,2,62464 (1.10x at 16,4,1600),
+// the row kernel 0.97x; the gradients' checksums agreed with the default's.
 #define PSA_FA2_BWD90_DQ_WGMMA 0
 #endif
 #ifndef PSA_FA2_BWD90_IMAGE_EARLY_ISSUE
 // 1 (stream images): thread 0 issues the bulk copies of a later step right after issuing its
 // step's S^T and dP^T, while its warp would wait for S^T, rather than after the step's barrier
 // (between it and dQ, where the CTA waits for warp 0 at the next barrier); a step ahead less.
+// 2-3% slower on the H100 (with dQ on wgmma, 15%).
 #define PSA_FA2_BWD90_IMAGE_EARLY_ISSUE 0
 #endif
 #ifndef PSA_FA2_BWD90_IMAGE_FENCE
 // 0 (stream images): the step's barrier without the cp.async wait and the proxy fence (SASS: a
 // MEMBAR.ALL.CTA), which images do not need: their rows come by bulk copies (the async proxy)
-// and dS^T is read by ldmatrix (the generic proxy).
+// and dS^T is read by ldmatrix (the generic proxy). About 1% faster on the H100.
 #define PSA_FA2_BWD90_IMAGE_FENCE 1
 #endif
-static_assert(PSA_FA2_BWD90_IMAGE_FENCE || !PSA_FA2_BWD90_DQ_WGMMA,
+static_assert(PSA_FA2_BWD90_IMAGE_FENCE || PSA_FA2_BWD90_DQ_WGMMA == 0,
               "dQ on wgmma reads dS^T through the async proxy: it needs the fence");
 
 namespace psa_fa2 {
@@ -195,7 +200,8 @@ struct Sm90BwdTraits {
   using QTile = TokenTile<kDk>;   // kStages of them
   using DOTile = TokenTile<kDv>;  // kStages of them
   // dS^T [owned key][streamed row], padded rows: the layout the mma.sync kernel's dQ reads.
-  static constexpr bool kDQWgmma = PSA_FA2_BWD90_DQ_WGMMA;
+  static constexpr bool kDQWgmma =
+      PSA_FA2_BWD90_DQ_WGMMA == 1 || (PSA_FA2_BWD90_DQ_WGMMA == 2 && kStreamVecBytes == kStreamTileImages);
   static_assert(!kDQWgmma || (kCF && PSA_FA2_BWD90_LATE_DQ_RED), "dQ on wgmma: channel-first");
   using DSTile = std::conditional_t<kDQWgmma, ffwd::SmemTile<kBlockN, kBlockM>,
                                     fbwd::Tile<kBlockN, kBlockM, true>>;
