@@ -34,10 +34,13 @@ elif [ "$kernel" = bwd ]; then
     [no_tail_split]="-DPSA_FA2_BWD90_TAIL_SPLIT=0"
     [pieces_of_four_steps]="-DPSA_FA2_BWD90_MIN_STEPS=4"
     [dq_red_in_step]="-DPSA_FA2_BWD90_LATE_DQ_RED=0"
+    [dq_wgmma_on_images]="-DPSA_FA2_BWD90_DQ_WGMMA=2"
+    [dq_wgmma]="-DPSA_FA2_BWD90_DQ_WGMMA=1"
+    [images_without_fence]="-DPSA_FA2_BWD90_IMAGE_FENCE=0"
   )
   order="default two_barriers late_lse two_dq_chains three_stages four_stages no_tail_split
-    pieces_of_four_steps dq_red_in_step"
-  tests="wgmma_on_hopper or wgmma_tail_split or backward_fast_rising_scores"
+    pieces_of_four_steps dq_red_in_step dq_wgmma_on_images dq_wgmma images_without_fence"
+  tests="wgmma_on_hopper or wgmma_tail_split or backward_fast_rising_scores or stream_images"
   timing="bench/bwd_schedules.py"
 else
   echo "usage: tune_sm90.sh fwd|bwd [variant...]" >&2

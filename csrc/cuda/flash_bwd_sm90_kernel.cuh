@@ -201,8 +201,8 @@ struct Sm90BwdTraits {
   using DOTile = TokenTile<kDv>;  // kStages of them
   // dS^T [owned key][streamed row], padded rows: the layout the mma.sync kernel's dQ reads.
   static constexpr bool kDQWgmma =
-      PSA_FA2_BWD90_DQ_WGMMA == 1 || (PSA_FA2_BWD90_DQ_WGMMA == 2 && kStreamVecBytes == kStreamTileImages);
-  static_assert(!kDQWgmma || (kCF && PSA_FA2_BWD90_LATE_DQ_RED), "dQ on wgmma: channel-first");
+      kCF && (PSA_FA2_BWD90_DQ_WGMMA == 1 ||
+              (PSA_FA2_BWD90_DQ_WGMMA == 2 && kStreamVecBytes == kStreamTileImages));
   using DSTile = std::conditional_t<kDQWgmma, ffwd::SmemTile<kBlockN, kBlockM>,
                                     fbwd::Tile<kBlockN, kBlockM, true>>;
   // dQ on wgmma: A = dS from dS^T [key][row] (rows along the tile's 128-byte lines: MN-major),
