@@ -199,7 +199,8 @@ struct Sm90BwdTraits {
   using VTile = TokenTile<kDv>;   // one per warpgroup
   using QTile = TokenTile<kDk>;   // kStages of them
   using DOTile = TokenTile<kDv>;  // kStages of them
-  // dS^T [owned key][streamed row], padded rows: the layout the mma.sync kernel's dQ reads.
+  // dS^T [owned key][streamed row], padded rows: the layout the mma.sync kernel's dQ reads
+  // (128-byte swizzled rows instead where dQ is on wgmma).
   static constexpr bool kDQWgmma =
       kCF && (PSA_FA2_BWD90_DQ_WGMMA == 1 ||
               (PSA_FA2_BWD90_DQ_WGMMA == 2 && kStreamVecBytes == kStreamTileImages));
