@@ -36,10 +36,9 @@ elif [ "$kernel" = bwd ]; then
     [dq_red_in_step]="-DPSA_FA2_BWD90_LATE_DQ_RED=0"
     [dq_wgmma_on_images]="-DPSA_FA2_BWD90_DQ_WGMMA=2"
     [dq_wgmma]="-DPSA_FA2_BWD90_DQ_WGMMA=1"
-    [images_without_fence]="-DPSA_FA2_BWD90_IMAGE_FENCE=0"
   )
   order="default two_barriers late_lse two_dq_chains three_stages four_stages no_tail_split
-    pieces_of_four_steps dq_red_in_step dq_wgmma_on_images dq_wgmma images_without_fence"
+    pieces_of_four_steps dq_red_in_step dq_wgmma_on_images dq_wgmma"
   tests="wgmma_on_hopper or wgmma_tail_split or backward_fast_rising_scores or stream_images"
   timing="bench/bwd_schedules.py"
 else

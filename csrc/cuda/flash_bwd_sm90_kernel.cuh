@@ -114,7 +114,6 @@
 //     odd N below 1600 tokens) spills 12 bytes at 255 (it did not before): by the SASS of nvcc
 //     13.0, three stores in the prologue and one load in the epilogue, none in the steps.
 
-// Experiments (bench/tune/sm90_experiments.md has what they measured):
 #ifndef PSA_FA2_BWD90_DQ_WGMMA
 // dQ on wgmma, as FlashAttention-4's Hopper backward computes it: after the step's barrier
 // each warpgroup computes 16 of dQ's 32 columns over all 128 keys (A = dS from the dS^T tile,
@@ -125,21 +124,6 @@
 // the row kernel 0.97x; the gradients' checksums agreed with the default's.
 #define PSA_FA2_BWD90_DQ_WGMMA 0
 #endif
-#ifndef PSA_FA2_BWD90_IMAGE_EARLY_ISSUE
-// 1 (stream images): thread 0 issues the bulk copies of a later step right after issuing its
-// step's S^T and dP^T, while its warp would wait for S^T, rather than after the step's barrier
-// (between it and dQ, where the CTA waits for warp 0 at the next barrier); a step ahead less.
-// 2-3% slower on the H100 (with dQ on wgmma, 15%).
-#define PSA_FA2_BWD90_IMAGE_EARLY_ISSUE 0
-#endif
-#ifndef PSA_FA2_BWD90_IMAGE_FENCE
-// 0 (stream images): the step's barrier without the cp.async wait and the proxy fence (SASS: a
-// MEMBAR.ALL.CTA), which images do not need: their rows come by bulk copies (the async proxy)
-// and dS^T is read by ldmatrix (the generic proxy). About 1% faster on the H100.
-#define PSA_FA2_BWD90_IMAGE_FENCE 1
-#endif
-static_assert(PSA_FA2_BWD90_IMAGE_FENCE || PSA_FA2_BWD90_DQ_WGMMA == 0,
-              "dQ on wgmma reads dS^T through the async proxy: it needs the fence");
 
 namespace psa_fa2 {
 namespace fbwd_sm90 {
@@ -394,9 +378,7 @@ __global__ void __launch_bounds__(
   // initialisation and the first arrival on it as a possible race.)
   if constexpr (Tr::kStreamImages) __syncthreads();
   issue_stream(it_begin);  // one group with K and V
-  constexpr bool kEarlyIssue =
-      Tr::kStreamImages && Tr::kOneBarrier && PSA_FA2_BWD90_IMAGE_EARLY_ISSUE;
-  for (int i = 1; i < Tr::kStages - (kEarlyIssue ? 2 : 1); ++i) issue_stream(it_begin + i);
+  for (int i = 1; i < Tr::kStages - 1; ++i) issue_stream(it_begin + i);
   if constexpr (Tr::kStreamImages) {
     ffwd::cp_async_commit();  // K and V
     publish_copies<0>();
@@ -508,8 +490,6 @@ __global__ void __launch_bounds__(
       }
     }
     wgmma::commit_group();
-    // Early issue: step it - 2's stage is free (every thread passed the barrier of step it - 1).
-    if constexpr (kEarlyIssue) issue_stream(it + Tr::kStages - 2);
     if constexpr (PSA_FA2_BWD90_LATE_DQ_RED && !Tr::kDQWgmma) {
       if (dq_pending_row0 != nullptr) {
         fbwd::red_add_dq_block<kDk>(dq_pending_row0, dq_pending, dq_col0);
@@ -579,19 +559,12 @@ __global__ void __launch_bounds__(
     // and every thread is past the waits on the products that read the previous step's stage,
     // which is refilled.
     if constexpr (Tr::kOneBarrier) {
-      if constexpr (Tr::kStreamImages && !PSA_FA2_BWD90_IMAGE_FENCE) {
-        __syncthreads();
-      } else {
-        publish_copies<Tr::kStages - 3>();  // step it + 1's rows; younger ones may stay in flight
-      }
-      if constexpr (!kEarlyIssue) issue_stream(it + Tr::kStages - 1);
+      publish_copies<Tr::kStages - 3>();  // step it + 1's rows; younger ones may stay in flight
+      issue_stream(it + Tr::kStages - 1);
     } else {
       __syncthreads();
     }
 
-    // dQ[str0 .. + 64] += dS K over the CTA's 128 keys: warp w computes the 16 x 16 block
-    // (rows 16 (w / 2), columns 16 (w % 2)), in PSA_FA2_BWD90_DQ_CHAINS chains of MMAs (k16
-    // steps round robin) that are summed at the end, so that fewer of them wait on each other.
     if constexpr (Tr::kDQWgmma) {
       // dQ[str0 .. + 64, 16 wg .. + 16] = dS K over the CTA's 128 keys: A = dS^T's tile, B =
       // rows 16 wg .. of the K tiles (keys 0 .. 63 in the first, 64 .. 127 in the second).
@@ -614,6 +587,9 @@ __global__ void __launch_bounds__(
       }
       wgmma::commit_group();
     } else {
+      // dQ[str0 .. + 64] += dS K over the CTA's 128 keys: warp w computes the 16 x 16 block
+      // (rows 16 (w / 2), columns 16 (w % 2)), in PSA_FA2_BWD90_DQ_CHAINS chains of MMAs (k16
+      // steps round robin) that are summed at the end, so that fewer of them wait on each other.
       static_assert(kBlockM / 16 * (kDk / 16) == Tr::kThreads / 32, "one dQ block per warp");
       const int mt = warp / (kDk / 16);
       constexpr int kChains = PSA_FA2_BWD90_DQ_CHAINS;

@@ -172,27 +172,23 @@ __device__ __forceinline__ void mma_m64n32k16(float (&d)[4][4], const uint32_t (
   }
 }
 
+#define PSA_FA2_WGMMA_SS_N16(types)                                                           \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                  \
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32." types                            \
+               " {%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, %11, %12;\n}\n"           \
+               : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),   \
+                 "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])                                  \
+               : "l"(a), "l"(b), "n"(int(kAccumulate)), "n"(kTransposeA), "n"(kTransposeB))
+
 // D (64 x 16, fp32) = A B + (kAccumulate ? D : 0), A and B from shared memory (descriptors a
 // and b; kTransposeA / kTransposeB as OperandB::kTranspose of each).
 template <DType kDtype, bool kAccumulate, int kTransposeA, int kTransposeB>
 __device__ __forceinline__ void mma_ss_m64n16k16(float (&d)[2][4], uint64_t a, uint64_t b) {
   static_assert(kDtype == DType::kBFloat16 || kDtype == DType::kFloat16, "16-bit inputs");
   if constexpr (kDtype == DType::kBFloat16) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
-        "%8, %9, p, 1, 1, %11, %12;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-          "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-        : "l"(a), "l"(b), "n"(int(kAccumulate)), "n"(kTransposeA), "n"(kTransposeB));
+    PSA_FA2_WGMMA_SS_N16("bf16.bf16");
   } else {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n16k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7}, "
-        "%8, %9, p, 1, 1, %11, %12;\n}\n"
-        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]),
-          "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3])
-        : "l"(a), "l"(b), "n"(int(kAccumulate)), "n"(kTransposeA), "n"(kTransposeB));
+    PSA_FA2_WGMMA_SS_N16("f16.f16");
   }
 }
 
@@ -200,6 +196,7 @@ __device__ __forceinline__ void mma_ss_m64n16k16(float (&d)[2][4], uint64_t a, u
 #undef PSA_FA2_WGMMA_D32_OPERANDS
 #undef PSA_FA2_WGMMA_D16
 #undef PSA_FA2_WGMMA_D16_OPERANDS
+#undef PSA_FA2_WGMMA_SS_N16
 
 }  // namespace wgmma
 }  // namespace psa_fa2
