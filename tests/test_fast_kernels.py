@@ -331,9 +331,10 @@ def test_backward_wgmma_reads_stream_images(N, vec, dtype, monkeypatch):
 
 
 def test_backward_stream_images_follow_the_threshold(monkeypatch):
-    """Unset, PSA_FA2_BWD_STREAM_IMAGES leaves the choice to the dispatch: stream images where
-    Q and dO would be copied to aligned rows anyway, from 6400 tokens on; rows that need no
-    copy are read as they are. 0 turns the images off (the aligned rows again)."""
+    """Unset, PSA_FA2_BWD_STREAM_IMAGES leaves the choice to the dispatch: stream images
+    wherever Q and dO would be copied to aligned rows, and on rows that need no copy from
+    12 800 tokens on; shorter rows that need no copy are read as they are. 0 turns the images
+    off (the aligned rows again)."""
     if not on_hopper():
         pytest.skip("the stream images feed the wgmma backward (Hopper) only")
     monkeypatch.delenv("PSA_FA2_BWD_STREAM_IMAGES", raising=False)
@@ -343,11 +344,12 @@ def test_backward_stream_images_follow_the_threshold(monkeypatch):
         joined = " ".join(cuda_kernels_run(fast_backward((q, k, v), False)))
         return int(re.search(r"flash_bwd_sm90_kernel<[^>]*, (\d+)>", joined).group(1))
 
-    assert stream_width(6404) == 0 and stream_width(6401) == 0
-    assert stream_width(6400) == 16  # 128-byte rows: no copy
-    assert stream_width(1601) == 16  # aligned rows below 6400 tokens
+    assert stream_width(1601) == 0 and stream_width(6401) == 0 and stream_width(6404) == 0
+    assert stream_width(1600) == 16 and stream_width(6400) == 16  # 128-byte rows: no copy
+    assert stream_width(12800) == 0
+    assert stream_width(401) == 2  # 2-byte rows below the aligned copies' threshold
     monkeypatch.setenv("PSA_FA2_BWD_STREAM_IMAGES", "0")
-    assert stream_width(6404) == 16
+    assert stream_width(6404) == 16 and stream_width(12800) == 16
 
 
 @pytest.mark.parametrize("N,vec", BWD_NO_COPY_CASES, ids=case_ids(BWD_NO_COPY_CASES))

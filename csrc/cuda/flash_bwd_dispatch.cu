@@ -180,20 +180,21 @@ bool flash_bwd_wants_aligned_stream(const BwdParams& p) {
 }
 
 // Stream images (stream_tile_images.h) take the copies of Q, dO, lse and D out of the wgmma
-// backward's steps: one thread fetches each step's with bulk copies. They cost a copy of Q and
-// dO, so they replace the aligned row copies where those are made anyway, from this many tokens
-// on. On the H200 (bench/tune/bwd_stream_images.py, bf16, copies included; bench/results/
-// h200-2026-12-03-7281e64/images_ab.md), images against rows: 1.03x at 1,2,62500, 1.02-1.03x
-// at 8,4,6401 and 8,4,6404, 1.00x at 16,4,1601; where the views need no copy, 0.95x at
-// 8,4,6400, 0.99x at 2,4,12800, 1.00x at 1,2,62464, 0.79-0.92x at 400 and 1600 tokens.
+// backward's steps: one thread fetches each step's with bulk copies, and the kernel on them
+// computes dQ on wgmma (PSA_FA2_BWD90_DQ_WGMMA). They cost a copy of Q and dO: they replace
+// the aligned row copies wherever those are made, and rows that need no copy from this many
+// tokens on. On an H100 (bench/tune/bwd_stream_images.py, bf16, copies included; bench/results/
+// h100-2026-12-05-dc5b46a), images against rows: 1.10x at 16,4,1601, 1.09x at 8,4,6401, 1.14x
+// at 1,2,62500; where the views need no copy, 0.77x at 16,4,400, 0.99x at 16,4,1600, 1.04x
+// at 8,4,6400 (fp16 0.99x), 1.05x at 2,4,12800, 1.11x at 1,2,62464.
 // PSA_FA2_BWD_STREAM_IMAGES, read per call, overrides this: 1 wherever the kernel can, 0 never.
-constexpr int64_t kStreamImagesMinSeqlen = 6400;
+constexpr int64_t kStreamImagesUncopiedMinSeqlen = 12800;
 
 bool flash_bwd_wants_stream_tile_images(const BwdParams& p) {
   const CopyChoice choice = stream_tile_images_choice();
   if (choice == CopyChoice::kNever || !may_copy_stream(p)) return false;
-  if (choice == CopyChoice::kMeasured &&
-      (p.seqlen < kStreamImagesMinSeqlen || !flash_bwd_wants_aligned_stream(p)))
+  if (choice == CopyChoice::kMeasured && p.seqlen < kStreamImagesUncopiedMinSeqlen &&
+      !flash_bwd_wants_aligned_stream(p))
     return false;
   return find_sm90_on_stream_images(p) != nullptr;
 }

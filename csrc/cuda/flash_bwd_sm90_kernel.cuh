@@ -117,12 +117,12 @@
 #ifndef PSA_FA2_BWD90_DQ_WGMMA
 // dQ on wgmma, as FlashAttention-4's Hopper backward computes it: after the step's barrier
 // each warpgroup computes 16 of dQ's 32 columns over all 128 keys (A = dS from the dS^T tile,
-// then 128-byte swizzled; B = the K tiles) and reduces them at the step's end. 0: never (the
-// default until the GPU tests have run on it), 1: every channel-first instance, 2: the
-// stream-image instances. On an H100 (bench/tune/tune_bwd.cu, h100-2026-12-05-fa09652) the
-// stream-image kernel ran 1.17x faster with it at 8,4,6400 and 1,2,62464 (1.10x at 16,4,1600),
-// the row kernel 0.97x; the gradients' checksums agreed with the default's.
-#define PSA_FA2_BWD90_DQ_WGMMA 0
+// then 128-byte swizzled; B = the K tiles) and reduces them at the step's end. 0: never (dQ
+// on mma.sync), 1: every channel-first instance, 2 (the default): the stream-image instances.
+// On an H100 (bench/tune/tune_bwd.cu, h100-2026-12-05-fa09652) the stream-image kernel ran
+// 1.17x faster with it at 8,4,6400 and 1,2,62464 (1.10x at 16,4,1600; 194 registers against
+// 237), the row kernel 0.97x (218 against 253): so the row instances keep mma.sync.
+#define PSA_FA2_BWD90_DQ_WGMMA 2
 #endif
 
 namespace psa_fa2 {
