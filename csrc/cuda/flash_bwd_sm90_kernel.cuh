@@ -24,12 +24,14 @@
 // copies that complete the stage's "full" mbarrier, which every thread waits on before the
 // step; the CTA barrier of each step still orders the stage's reads before its refill. That
 // takes the copy addressing and cp.async out of the steps (about 100 of some 560 instructions
-// per warp and step in the SASS), yet on the H200 (bench/tune/tune_bwd.cu with
-// -DTUNE_STREAM_IMAGES, copies included; bench/results/h200-2026-12-03-7281e64/
-// images_tune.txt) it was even at 1,2,62464 (8324-8343 against 8240-8277 us without copies)
-// and slower at smaller shapes, where the copy weighs more: the dispatch uses it only where
-// Q and dO are copied anyway (flash_bwd_wants_stream_tile_images). Streaming no rows at all
-// (timing only) had saved 6-8%: not profiled where the images lose that.
+// per warp and step in the SASS). Alone it was even at 1,2,62464 on the H200 (bench/tune/
+// tune_bwd.cu with -DTUNE_STREAM_IMAGES, copies included; bench/results/h200-2026-12-03-7281e64/
+// images_tune.txt). With the registers it frees, these instances also compute dQ on wgmma
+// (PSA_FA2_BWD90_DQ_WGMMA, below: each warpgroup 16 of dQ's columns over all 128 keys, A = dS
+// from a 128-byte swizzled dS^T tile), which made them 1.17x faster at 8,4,6400 and 1,2,62464
+// on an H100; the row instances keep dQ on mma.sync, where wgmma was 0.97x. With the copy
+// included, the images are 1.08-1.14x the rows where Q and dO would be copied anyway and from
+// 12 800 tokens on (flash_bwd_wants_stream_tile_images has the measurements).
 //
 // The kernel is latency-bound (one CTA of 8 warps per SM; at 5bb34ec Nsight Compute had the
 // tensor pipe 36% busy and an instruction issued every 3 cycles per scheduler), so it spends
@@ -63,8 +65,8 @@
 //
 // The step is a chain in lockstep: S^T and dP^T, the exponentials, dV and dK, the CTA barrier,
 // dQ. The trace, the ablations and the GPU limits behind that, and the variants measured on the
-// H200 and not kept (decoupled or turn-taking warpgroups, dQ on wgmma or on a third
-// warpgroup, bulk dQ reductions, steps of 128 rows, exponentials on the FMA pipe, ...), are in
+// H200 and not kept (decoupled or turn-taking warpgroups, dQ on wgmma per warpgroup or on a
+// third warpgroup, bulk dQ reductions, steps of 128 rows, exponentials on the FMA pipe, ...), are in
 // bench/tune/sm90_experiments.md.
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
