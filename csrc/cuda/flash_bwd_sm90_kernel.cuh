@@ -66,8 +66,8 @@
 // The step is a chain in lockstep: S^T and dP^T, the exponentials, dV and dK, the CTA barrier,
 // dQ. The trace, the ablations and the GPU limits behind that, and the variants measured on the
 // H200 and not kept (decoupled or turn-taking warpgroups, dQ on wgmma per warpgroup or on a
-// third warpgroup, bulk dQ reductions, steps of 128 rows, exponentials on the FMA pipe, ...), are in
-// bench/tune/sm90_experiments.md.
+// third warpgroup, bulk dQ reductions, steps of 128 rows, exponentials on the FMA pipe, ...),
+// are in bench/tune/sm90_experiments.md.
 //
 // The kernel body exists for sm_90a only; other targets compile an empty kernel that the
 // dispatch never launches (flash_bwd_dispatch.cu checks the device and the build).
