@@ -1,0 +1,81 @@
+"""One forward timed by each of the benchmark's clocks, bf16 and fp16 taking turns:
+
+    python bench/tune/timing_methods.py [--shape 1x2x62500] [--peers ours fa4] [--rounds 3]
+
+bench_attention.py times our forward rows as CUDA-graph replays and FlashAttention-4's as
+profiler kernel sums (bench/timing.py says why). This times each peer's forward on the block's
+split views by every clock that can run it, over the same number of calls: a graph replay
+(graph-safe peers only), the profiler's kernel sum, and CUDA events around an eager loop. The
+three should agree for calls of milliseconds; where one does not, the benchmark's ratios carry
+that clock's bias. Per row: round, dtype, peer, clock, us per call, and the SM clock after it.
+"""
+import argparse
+import math
+import os
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import peers  # noqa: E402
+import timing  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+DK, DV = 32, 64
+
+
+def sm_clock():
+    try:
+        return subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "?"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="1x2x62500", metavar="BxHxN")
+    ap.add_argument("--peers", nargs="+", default=["ours", "fa4"], choices=list(peers.PEERS))
+    ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=list(DTYPES))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--target-ms", type=float, default=100.0, help="work per clock reading")
+    args = ap.parse_args()
+    B, H, N = (int(x) for x in args.shape.split("x"))
+    device = torch.device("cuda")
+    print(f"{torch.cuda.get_device_name()}, B,H,N = {B},{H},{N}, ({DK}, {DV}), forward")
+    print("| round | dtype | peer | clock | us per call | SM clock after |")
+    print("|---|---|---|---|---|---|")
+    for rnd in range(args.rounds):
+        for name in args.dtypes:
+            dtype = DTYPES[name]
+            torch.manual_seed(rnd)
+            qkv = torch.randn(B, H * (2 * DK + DV), N, device=device, dtype=dtype)
+            q, k, v = qkv.view(B, H, 2 * DK + DV, N).split([DK, DK, DV], dim=2)
+            case = peers.Case(DK, DV, DK ** -0.5, dtype, device)
+            for peer in args.peers:
+                try:
+                    cand = peers.build(peer, case)[0]
+                except peers.Unsupported as e:
+                    print(f"| {rnd} | {name} | {peer} | - | unsupported: {e} | |")
+                    continue
+                with cand.context():
+                    def fn():
+                        return cand.fn(q, k, v)
+                    for _ in range(3):
+                        fn()
+                    timing.sync(device)
+                    est, _ = timing._events(fn, 3)
+                    n = max(1, math.ceil(args.target_ms * 1e-3 / (est / 3)))
+                    clocks = {"events": lambda: timing._events(fn, n)[0] / n,
+                              "profiler": lambda: timing._profiled_times(fn, device, n, 1)[0]}
+                    if (peer, "fwd") in peers.GRAPH_SAFE:
+                        clocks["graph"] = lambda: timing._graph_times(fn, device, n, 1)[0]
+                    for clock, read in clocks.items():
+                        us = read() * 1e6
+                        print(f"| {rnd} | {name} | {peer} | {clock} x{n} | {us:.0f} | "
+                              f"{sm_clock()} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
