@@ -1,12 +1,13 @@
 """One forward timed by each of the benchmark's clocks, bf16 and fp16 taking turns:
 
-    python bench/tune/timing_methods.py [--shape 1x2x62500] [--peers ours fa4] [--rounds 3]
+    python bench/tune/timing_methods.py [--shape 1x2x62500] [--peers ours fa4] [--rounds 4]
 
-bench_attention.py times our forward rows as CUDA-graph replays and FlashAttention-4's as
-profiler kernel sums (bench/timing.py says why). This times each peer's forward on the block's
+bench_attention.py times short forward calls of the peers that capture cleanly (ours among
+them) as CUDA-graph replays, and every other row, FlashAttention-4's always, as profiler kernel
+sums (bench/timing.py says why). This times each peer's forward on the block's
 split views by every clock that can run it, over the same number of calls: a graph replay
-(graph-safe peers only), the profiler's kernel sum, and CUDA events around an eager loop. The
-three should agree for calls of milliseconds; where one does not, the benchmark's ratios carry
+and a graph of one call replayed (graph-safe peers only), the profiler's kernel sum, and CUDA
+events around an eager loop, each round starting at another of them. They should agree for calls of milliseconds; where one does not, the benchmark's ratios carry
 that clock's bias. Per row: round, dtype, peer, clock, us per call, and the SM clock after it.
 """
 import argparse
@@ -33,12 +34,31 @@ def sm_clock():
         return "?"
 
 
+def graph_of_one(fn, n):
+    """Seconds per call of a graph of one call replayed n times: the captured buffers keep
+    one set of addresses, as an eager loop's do, where a graph of many calls has one set
+    per captured call."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=side):
+        fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    seconds = timing._events(graph.replay, n)[0] / n
+    del graph
+    return seconds
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="1x2x62500", metavar="BxHxN")
     ap.add_argument("--peers", nargs="+", default=["ours", "fa4"], choices=list(peers.PEERS))
     ap.add_argument("--dtypes", nargs="+", default=["bf16", "fp16"], choices=list(DTYPES))
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--target-ms", type=float, default=100.0, help="work per clock reading")
     args = ap.parse_args()
     B, H, N = (int(x) for x in args.shape.split("x"))
@@ -67,11 +87,15 @@ def main():
                     timing.sync(device)
                     est, _ = timing._events(fn, 3)
                     n = max(1, math.ceil(args.target_ms * 1e-3 / (est / 3)))
-                    clocks = {"events": lambda: timing._events(fn, n)[0] / n,
-                              "profiler": lambda: timing._profiled_times(fn, device, n, 1)[0]}
+                    clocks = [("events", lambda: timing._events(fn, n)[0] / n),
+                              ("profiler", lambda: timing._profiled_times(fn, device, n, 1)[0])]
                     if (peer, "fwd") in peers.GRAPH_SAFE:
-                        clocks["graph"] = lambda: timing._graph_times(fn, device, n, 1)[0]
-                    for clock, read in clocks.items():
+                        clocks.append(("graph", lambda: timing._graph_times(fn, device, n, 1)[0]))
+                        clocks.append(("graph of 1 call", lambda: graph_of_one(fn, n)))
+                    # Each round starts at another clock: the GPU's own clock drifts as it
+                    # warms, and a fixed order would charge that to the clock read last.
+                    shift = rnd % len(clocks)
+                    for clock, read in clocks[shift:] + clocks[:shift]:
                         us = read() * 1e6
                         print(f"| {rnd} | {name} | {peer} | {clock} x{n} | {us:.0f} | "
                               f"{sm_clock()} |", flush=True)
