@@ -4,11 +4,12 @@
 
 bench_attention.py times short forward calls of the peers that capture cleanly (ours among
 them) as CUDA-graph replays, and every other row, FlashAttention-4's always, as profiler kernel
-sums (bench/timing.py says why). This times each peer's forward on the block's
-split views by every clock that can run it, over the same number of calls: a graph replay
-and a graph of one call replayed (graph-safe peers only), the profiler's kernel sum, and CUDA
-events around an eager loop, each round starting at another of them. They should agree for calls of milliseconds; where one does not, the benchmark's ratios carry
-that clock's bias. Per row: round, dtype, peer, clock, us per call, and the SM clock after it.
+sums (bench/timing.py says why). This times each peer's forward on the block's split views by
+every clock that can run it, over the same number of calls: a graph replay and a graph of one
+call replayed (graph-safe peers only), the profiler's kernel sum, and CUDA events around an
+eager loop, each round starting at another of them. They should agree for calls of
+milliseconds; where one does not, the benchmark's ratios carry that clock's bias. Per row:
+round, dtype, peer, clock, us per call, and the SM clock after it.
 """
 import argparse
 import math
