@@ -17,8 +17,8 @@ import torch
 # Below this a call is short enough that host launch cost could show in a plain event
 # loop; above it the GPU queue stays full while Python enqueues the next call, and the
 # row takes the clock of the peers that cannot be captured (FA4, Flex): the profiler's
-# kernel sum. A replay is the slower clock there: our forward at 1,2,62500 (3.1 ms) read
-# 1-5% above its kernel sum as a replay of 32 calls, events around eager calls in between
+# kernel sum. A replay is the slower clock there: on two H100s, a replay of 32 calls of our
+# forward at 1,2,62500 (3.1 ms) read 0.6-8.5% above their kernel sum in every round
 # (bench/tune/timing_methods.py, bench/results/h100-2026-12-06-8d2fe5d), so a replayed row
 # beside a profiled one would compare two clocks rather than two kernels.
 GRAPH_BELOW_S = 1e-3

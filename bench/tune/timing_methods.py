@@ -39,14 +39,19 @@ def graph_of_one(fn, n):
     """Seconds per call of a graph of one call replayed n times: the captured buffers keep
     one set of addresses, as an eager loop's do, where a graph of many calls has one set
     per captured call."""
+    main_stream = torch.cuda.current_stream()
     side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
+    side.wait_stream(main_stream)
     with torch.cuda.stream(side):
         fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=side):
-        fn()
+    try:
+        with torch.cuda.graph(graph, stream=side):
+            fn()
+    finally:
+        # torch.cuda.graph does not restore the stream when capture_end raises.
+        torch.cuda.set_stream(main_stream)
     graph.replay()
     torch.cuda.synchronize()
     seconds = timing._events(graph.replay, n)[0] / n
