@@ -102,8 +102,9 @@ def _recover(device):
         return "graphs disabled for the rest of the run"
 
 
-def _graph_times(fn, device, n, repeats):
-    calls = min(GRAPH_CALLS, n)
+def _graph_times(fn, device, n, repeats, calls=GRAPH_CALLS):
+    """Seconds per call of n calls, as replays of a graph of `calls` captured calls."""
+    calls = min(calls, n)
     replays = math.ceil(n / calls)
     main = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)

@@ -20,6 +20,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+import measure  # noqa: E402
 import peers  # noqa: E402
 import timing  # noqa: E402
 
@@ -33,30 +34,6 @@ def sm_clock():
                               capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "?"
-
-
-def graph_of_one(fn, n):
-    """Seconds per call of a graph of one call replayed n times: the captured buffers keep
-    one set of addresses, as an eager loop's do, where a graph of many calls has one set
-    per captured call."""
-    main_stream = torch.cuda.current_stream()
-    side = torch.cuda.Stream()
-    side.wait_stream(main_stream)
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph, stream=side):
-            fn()
-    finally:
-        # torch.cuda.graph does not restore the stream when capture_end raises.
-        torch.cuda.set_stream(main_stream)
-    graph.replay()
-    torch.cuda.synchronize()
-    seconds = timing._events(graph.replay, n)[0] / n
-    del graph
-    return seconds
 
 
 def main():
@@ -76,8 +53,8 @@ def main():
         for name in args.dtypes:
             dtype = DTYPES[name]
             torch.manual_seed(rnd)
-            qkv = torch.randn(B, H * (2 * DK + DV), N, device=device, dtype=dtype)
-            q, k, v = qkv.view(B, H, 2 * DK + DV, N).split([DK, DK, DV], dim=2)
+            qkv = torch.randn(B, H * (2 * DK + DV), N, 1, device=device, dtype=dtype)
+            q, k, v = measure.split_views(qkv, H, DK, DV)
             case = peers.Case(DK, DV, DK ** -0.5, dtype, device)
             for peer in args.peers:
                 try:
@@ -97,7 +74,10 @@ def main():
                               ("profiler", lambda: timing._profiled_times(fn, device, n, 1)[0])]
                     if (peer, "fwd") in peers.GRAPH_SAFE:
                         clocks.append(("graph", lambda: timing._graph_times(fn, device, n, 1)[0]))
-                        clocks.append(("graph of 1 call", lambda: graph_of_one(fn, n)))
+                        # One captured call keeps one set of buffer addresses, as the eager
+                        # loop does; a graph of many calls has a set per captured call.
+                        clocks.append(("graph of 1 call",
+                                       lambda: timing._graph_times(fn, device, n, 1, calls=1)[0]))
                     # Each round starts at another clock: the GPU's own clock drifts as it
                     # warms, and a fixed order would charge that to the clock read last.
                     shift = rnd % len(clocks)
