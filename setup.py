@@ -2,7 +2,7 @@
 a CPU-only one otherwise.
 
 Environment:
-  TORCH_CUDA_ARCH_LIST  archs to build (default: the visible GPU's, else "8.0;9.0a"; a Hopper
+  TORCH_CUDA_ARCH_LIST  archs to build (default: the visible GPU's, else "8.0+PTX;9.0a"; a Hopper
                         GPU's 9.0 becomes 9.0a, which the wgmma kernels need)
   CUDA_HOME             CUDA toolkit (default: /usr/local/cuda when it has nvcc)
   MAX_JOBS              parallel compile jobs (ninja)
@@ -56,8 +56,10 @@ def cuda_arch_list():
             # sm_90a code (wgmma) runs on exactly compute capability 9.0, every Hopper GPU.
             archs = f"{major}.{minor}" + ("a" if (major, minor) == (9, 0) else "")
         else:
-            # No GPU to ask: Ampere (sm_80, the oldest we support) and Hopper (sm_90a).
-            archs = "8.0;9.0a"
+            # No GPU to ask: Ampere (sm_80, the oldest we support; its SASS runs on every 8.x
+            # GPU) and Hopper (sm_90a), plus compute_80 PTX, which the driver compiles for the
+            # GPUs neither runs (Blackwell and later) on their first launch.
+            archs = "8.0+PTX;9.0a"
         os.environ["TORCH_CUDA_ARCH_LIST"] = archs
     return archs
 

@@ -14,6 +14,7 @@
 #include "../checks.h"
 #include "../blockwise_attention.h"
 #include "aligned_rows.h"
+#include "device_support.h"
 #include "make_params.h"
 #include "launchers.h"
 
@@ -41,6 +42,28 @@ bool fp32_matmul_allows_tf32() { return at::globalContext().allowTF32CuBLAS(); }
 // ../h200-2026-12-02-bfa1805). Between 400 and 1600 tokens it was not timed.
 constexpr int kFp32BackwardFfmaMinTokensTf32 = 1600;
 
+#ifndef PSA_FA2_CUDA_ARCHS
+#define PSA_FA2_CUDA_ARCHS ""
+#endif
+
+// Raises, naming the device and what this build covers, where the current device cannot run
+// the kernels; called with the inputs' device current.
+void check_device_supported(const at::Tensor& t) {
+  const DeviceReport report = current_device_support();
+  if (report.support == DeviceSupport::kSupported) return;
+  const std::string device = std::string(at::cuda::getCurrentDeviceProperties()->name) + " (" +
+                             t.device().str() + ", compute capability " +
+                             std::to_string(report.major) + "." + std::to_string(report.minor) +
+                             ")";
+  TORCH_CHECK(report.support != DeviceSupport::kTooOld, "psa_fa2 needs an NVIDIA GPU of compute "
+              "capability 8.0 (Ampere) or newer; the inputs are on ", device);
+  TORCH_CHECK(report.support != DeviceSupport::kNotBuiltFor, "psa_fa2 was built for CUDA archs \"",
+              PSA_FA2_CUDA_ARCHS, "\", which have no code that ", device, " can run; reinstall "
+              "it with TORCH_CUDA_ARCH_LIST=\"", report.major, ".", report.minor, "\" (or build it "
+              "on a machine with this GPU, whose arch the build picks by default)");
+  TORCH_CHECK(false, "psa_fa2: the CUDA runtime could not report on ", t.device().str());
+}
+
 std::string describe_config(const AttnShape& s, at::ScalarType dtype) {
   return std::string(c10::toString(dtype)) + ", dk = " + std::to_string(s.head_dim_qk) +
          ", dv = " + std::to_string(s.head_dim_v) + ", " + layout_name(s.layout);
@@ -65,6 +88,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   const AttnShape s = check_fwd_inputs(q, k, v);
   const Impl impl = parse_impl(impl_name);
   const c10::cuda::CUDAGuard guard(q.device());
+  check_device_supported(q);
   at::Tensor out = empty_in_layout(s, s.head_dim_v, s.layout, q.options());
   at::Tensor lse = at::empty({s.batch, s.heads, s.seqlen},
                              q.options().dtype(accumulate_dtype(q.scalar_type())));
@@ -120,6 +144,7 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
   const AttnShape s = check_bwd_inputs(dout, q, k, v, out, lse, dq, dk, dv);
   const Impl impl = parse_impl(impl_name);
   const c10::cuda::CUDAGuard guard(q.device());
+  check_device_supported(q);
   if (q.numel() == 0 || v.numel() == 0) {
     if (!accumulate) zero_qk_grads(dq, dk);
     return;
