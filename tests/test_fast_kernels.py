@@ -39,6 +39,12 @@ def on_hopper():
     return torch.cuda.get_device_capability() == (9, 0)
 
 
+def runs_wgmma_kernels():
+    """A Hopper GPU and a build with the sm_90a kernels (a build without 9.0a, such as
+    TORCH_CUDA_ARCH_LIST=8.0+PTX, runs the mma.sync kernels there)."""
+    return on_hopper() and "flash_fwd_sm90" in psa_fa2_ext.build_info()["cuda_kernels"]
+
+
 def rising_scores_qkv(N, dtype, layout):
     """q, k, v whose scores rise along the keys by 48 in the kernels' log2 units: each row's
     running max moves every few key tiles, a path that random scores (whose max settles in
@@ -61,12 +67,12 @@ def test_forward_fast_rising_scores(N, dtype, layout, kernel, monkeypatch):
     when the max moves: the two-warpgroup one per warpgroup at its barrier, as the row
     kernels do; the three-warpgroup one per warp, on mma.sync."""
     if kernel == "mma_sync":
-        if not on_hopper():
-            pytest.skip("the default kernel is the mma.sync one off Hopper")
+        if not runs_wgmma_kernels():
+            pytest.skip("the default kernel is the mma.sync one where the wgmma one does not run")
         monkeypatch.setenv("PSA_FA2_DISABLE_SM90", "1")
     if kernel.startswith("images"):
-        if not on_hopper():
-            pytest.skip("the tile images feed the wgmma kernel (Hopper) only")
+        if not runs_wgmma_kernels():
+            pytest.skip("the tile images feed the wgmma kernel (Hopper, sm_90a builds) only")
         if layout != "channel_first":
             pytest.skip("tile images are made of channel-first K and V")
         monkeypatch.setenv("PSA_FA2_KV_TILE_IMAGES", kernel[-1])
@@ -128,8 +134,8 @@ def test_environment_selects_the_hopper_kernels(layout, monkeypatch):
     """By default Hopper runs the wgmma forward and the wgmma backward (schedule (a) only:
     deterministic mode keeps the combined schedule); PSA_FA2_DISABLE_SM90=1 turns every wgmma
     kernel off."""
-    if not on_hopper():
-        pytest.skip("needs a compute capability 9.0 (Hopper) GPU")
+    if not runs_wgmma_kernels():
+        pytest.skip("needs a Hopper GPU and a build with sm_90a")
     grads = fast_backward(make_qkv(1, 2, 400, 32, 64, torch.bfloat16, "cuda", layout)[1:], False)
     q, k, v = make_qkv(1, 2, 400, 32, 64, torch.bfloat16, "cuda", layout)[1:]
 
@@ -171,8 +177,8 @@ def test_forward_wgmma_copies_kv_to_aligned_rows(N, vec, views, dtype):
     rows, in one copy for the block's split views and two for separate tensors, and the wgmma
     kernel with 16-byte K / V copies runs ("cfs"; Q and out keep their vec-byte accesses). Its
     output and lse against float64."""
-    if not on_hopper():
-        pytest.skip("the aligned K / V copies feed the wgmma kernel (Hopper) only")
+    if not runs_wgmma_kernels():
+        pytest.skip("the aligned K / V copies feed the wgmma kernel (Hopper, sm_90a builds) only")
     check_forward_on_kv_copies((1, 2), N, views, dtype, rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 16>")
 
 
@@ -217,8 +223,8 @@ def test_forward_wgmma_reads_kv_tile_images(N, vec, views, warpgroups, dtype, mo
     into CTAs of that many warpgroups runs (K / V width 0 or 1; Q and out keep their vec-byte
     accesses). Its output and lse against float64, on several heads (each has its own images)
     and NaN-filled memory."""
-    if not on_hopper():
-        pytest.skip("the tile images feed the wgmma kernel (Hopper) only")
+    if not runs_wgmma_kernels():
+        pytest.skip("the tile images feed the wgmma kernel (Hopper, sm_90a builds) only")
     monkeypatch.setenv("PSA_FA2_KV_TILE_IMAGES", str(warpgroups))
     code = KV_IMAGE_KERNELS[warpgroups]
     check_forward_on_kv_copies((2, 2), N, views, dtype,
@@ -232,8 +238,8 @@ LONG_ROW_IMAGE_CASES = [(12800, 16), (12801, 2)]
 def test_forward_wgmma_reads_kv_tile_images_on_long_rows(N, vec):
     """From 12800 tokens on the forward copies K and V to tile images by default, on 128-byte
     aligned rows as on 2-byte ones; at 12799, it does not."""
-    if not on_hopper():
-        pytest.skip("the tile images feed the wgmma kernel (Hopper) only")
+    if not runs_wgmma_kernels():
+        pytest.skip("the tile images feed the wgmma kernel (Hopper, sm_90a builds) only")
     check_forward_on_kv_copies((1, 1), N, "split", torch.bfloat16,
                                rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 0>")
     _, q, k, v = make_qkv(1, 1, 12799, 32, 64, torch.bfloat16, "cuda", "channel_first")
@@ -259,8 +265,8 @@ def test_forward_picks_three_warpgroup_images_by_waves():
     1280). Two warpgroups at 1,1,16000 (125 CTAs, one per SM: 128 rows against 192) and
     1,4,20000 (768 against 640). Its output against float64 at 1,1,25000, on 2-byte Q / out
     rows at 25001."""
-    if not on_hopper():
-        pytest.skip("the tile images feed the wgmma kernel (Hopper) only")
+    if not runs_wgmma_kernels():
+        pytest.skip("the tile images feed the wgmma kernel (Hopper, sm_90a builds) only")
     if torch.cuda.get_device_properties(0).multi_processor_count != 132:
         pytest.skip("the cases are worked out for 132 SMs (H100 / H200 SXM)")
     check_forward_on_kv_copies((1, 1), 25000, "split", torch.bfloat16,
@@ -282,8 +288,9 @@ def test_backward_wgmma_copies_q_dout_to_aligned_rows(N, vec, dtype, monkeypatch
     aligned rows (stream images turned off), and the wgmma kernel with 16-byte Q / dO copies
     runs ("cfs": K, V and the gradients keep their vec-byte accesses). Its gradients against
     float64, accumulate and overwrite, NaN-filled outputs."""
-    if not on_hopper():
-        pytest.skip("the aligned Q / dO copies feed the wgmma backward (Hopper) only")
+    if not runs_wgmma_kernels():
+        pytest.skip("the aligned Q / dO copies feed the wgmma backward (Hopper, sm_90a builds) "
+                    "only")
     monkeypatch.setenv("PSA_FA2_BWD_STREAM_IMAGES", "0")
     check_backward_on_stream_copies((1, 2), N, dtype, rf"flash_bwd_sm90_kernel<[^>]*, {vec}, 16>")
 
@@ -303,8 +310,8 @@ def check_backward_on_stream_copies(batch_heads, N, dtype, kernel_pattern):
 @pytest.mark.parametrize("N,vec", FWD_NO_COPY_CASES, ids=case_ids(FWD_NO_COPY_CASES))
 def test_forward_wgmma_keeps_short_rows_as_given(N, vec):
     """Below the thresholds the forward reads the views as they are: no copy."""
-    if not on_hopper():
-        pytest.skip("the aligned copies feed the wgmma kernels (Hopper) only")
+    if not runs_wgmma_kernels():
+        pytest.skip("the aligned copies feed the wgmma kernels (Hopper, sm_90a builds) only")
     _, q, k, v = make_qkv(1, 2, N, 32, 64, torch.bfloat16, "cuda", "channel_first")
     names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast"))
     assert not any("copy_rows_kernel" in n for n in names), names
@@ -324,8 +331,8 @@ def test_backward_wgmma_reads_stream_images(N, vec, dtype, monkeypatch):
     backward that bulk-copies them (with the lse and D rows the preprocess writes there) runs
     (stream width 0; K and V keep their vec-byte accesses), on two batches of two heads (each
     has its own images)."""
-    if not on_hopper():
-        pytest.skip("the stream images feed the wgmma backward (Hopper) only")
+    if not runs_wgmma_kernels():
+        pytest.skip("the stream images feed the wgmma backward (Hopper, sm_90a builds) only")
     monkeypatch.setenv("PSA_FA2_BWD_STREAM_IMAGES", "1")
     check_backward_on_stream_copies((2, 2), N, dtype, rf"flash_bwd_sm90_kernel<[^>]*, {vec}, 0>")
 
@@ -335,8 +342,8 @@ def test_backward_stream_images_follow_the_threshold(monkeypatch):
     wherever Q and dO would be copied to aligned rows, and on rows that need no copy from
     12 800 tokens on; shorter rows that need no copy are read as they are. 0 turns the images
     off (the aligned rows again)."""
-    if not on_hopper():
-        pytest.skip("the stream images feed the wgmma backward (Hopper) only")
+    if not runs_wgmma_kernels():
+        pytest.skip("the stream images feed the wgmma backward (Hopper, sm_90a builds) only")
     monkeypatch.delenv("PSA_FA2_BWD_STREAM_IMAGES", raising=False)
 
     def stream_width(N):
@@ -355,8 +362,8 @@ def test_backward_stream_images_follow_the_threshold(monkeypatch):
 @pytest.mark.parametrize("N,vec", BWD_NO_COPY_CASES, ids=case_ids(BWD_NO_COPY_CASES))
 def test_backward_wgmma_keeps_short_rows_as_given(N, vec):
     """Below the thresholds the backward reads Q and dO as they are: no copy."""
-    if not on_hopper():
-        pytest.skip("the aligned copies feed the wgmma kernels (Hopper) only")
+    if not runs_wgmma_kernels():
+        pytest.skip("the aligned copies feed the wgmma kernels (Hopper, sm_90a builds) only")
     _, q, k, v = make_qkv(1, 2, N, 32, 64, torch.bfloat16, "cuda", "channel_first")
     names = cuda_kernels_run(fast_backward((q, k, v), False))
     assert not any("copy_rows_kernel" in n for n in names), names
@@ -369,8 +376,9 @@ def test_backward_wgmma_keeps_short_rows_as_given(N, vec):
 def test_forward_fast_mma_sync_on_hopper(N, dtype, layout, monkeypatch):
     """(32, 64) runs the wgmma kernel on Hopper; PSA_FA2_DISABLE_SM90=1 selects the mma.sync
     kernel that Ampere runs, which must stay correct there too."""
-    if not on_hopper():
-        pytest.skip("test_forward_fast already covers the mma.sync kernel off Hopper")
+    if not runs_wgmma_kernels():
+        pytest.skip("test_forward_fast already covers the mma.sync kernel where the wgmma one "
+                    "does not run")
     monkeypatch.setenv("PSA_FA2_DISABLE_SM90", "1")
     check_forward("cuda", "fast", N, 32, 64, dtype, layout)
 
@@ -392,8 +400,8 @@ def test_backward_fast_wgmma_on_hopper(N, dtype, layout):
     the owned keys and the streamed rows (N = 129: a CTA whose first warpgroup owns one key and
     whose second owns none; N <= 64: the second warpgroup wholly past N), accumulate and
     overwrite, NaN-filled outputs."""
-    if not on_hopper():
-        pytest.skip("needs a compute capability 9.0 (Hopper) GPU")
+    if not runs_wgmma_kernels():
+        pytest.skip("needs a Hopper GPU and a build with sm_90a")
     check_backward("cuda", "fast", N, 32, 64, dtype, layout)
 
 
@@ -432,8 +440,8 @@ TAIL_SPLIT_CASES = {"one_wave": 1243, "past_a_wave": 1243, "sixteen_pieces": 201
 def test_backward_wgmma_tail_split(case, dtype, layout):
     """The wgmma backward's last wave shared out along the query stream: the shared tiles'
     partial dK / dV sums and the epilogue of the last CTA to finish, next to whole tiles."""
-    if not on_hopper():
-        pytest.skip("needs a compute capability 9.0 (Hopper) GPU")
+    if not runs_wgmma_kernels():
+        pytest.skip("needs a Hopper GPU and a build with sm_90a")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     N = TAIL_SPLIT_CASES[case]
     H = tail_split_heads(case, -(-N // 128), sms)
@@ -448,8 +456,8 @@ def test_backward_wgmma_tail_split(case, dtype, layout):
 def test_backward_wgmma_tail_split_on_stream_images(case, dtype, monkeypatch):
     """The same shared last wave with Q and dO from stream images: each piece's first steps fill
     its stages from its own place in the images."""
-    if not on_hopper():
-        pytest.skip("needs a compute capability 9.0 (Hopper) GPU")
+    if not runs_wgmma_kernels():
+        pytest.skip("needs a Hopper GPU and a build with sm_90a")
     monkeypatch.setenv("PSA_FA2_BWD_STREAM_IMAGES", "1")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     N = TAIL_SPLIT_CASES[case]
@@ -463,8 +471,9 @@ def test_backward_wgmma_tail_split_on_stream_images(case, dtype, monkeypatch):
 def test_backward_fast_mma_sync_on_hopper(N, dtype, layout, monkeypatch):
     """PSA_FA2_DISABLE_SM90=1 runs (32, 64)'s schedule (a) on the mma.sync kernel that Ampere
     runs, which must stay correct on Hopper too."""
-    if not on_hopper():
-        pytest.skip("test_backward_fast already covers the mma.sync kernel off Hopper")
+    if not runs_wgmma_kernels():
+        pytest.skip("test_backward_fast already covers the mma.sync kernel where the wgmma one "
+                    "does not run")
     monkeypatch.setenv("PSA_FA2_DISABLE_SM90", "1")
     check_backward("cuda", "fast", N, 32, 64, dtype, layout)
 
