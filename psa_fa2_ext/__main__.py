@@ -4,6 +4,18 @@ import torch
 import psa_fa2_ext
 
 
+def runs_on_current_gpu() -> str:
+    """One tiny forward: the ops raise, naming what is missing, on a GPU this build has no
+    code for."""
+    q = torch.zeros(1, 1, 1, 16, device="cuda", dtype=torch.float16)
+    try:
+        torch.ops.psa_fa2.fwd(q, q, q, 1.0)
+        torch.cuda.synchronize()
+    except RuntimeError as error:
+        return f"cannot run the kernels: {str(error).splitlines()[0]}"
+    return "runs the kernels"
+
+
 def main() -> None:
     info = psa_fa2_ext.build_info()
     print(f"psa_fa2_ext {info['version']}")
@@ -16,6 +28,8 @@ def main() -> None:
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
         print(f"GPU: {torch.cuda.get_device_name()} (sm_{major}{minor})")
+        if info["cuda"]:
+            print(f"  {runs_on_current_gpu()}")
     else:
         print("GPU: none visible")
 

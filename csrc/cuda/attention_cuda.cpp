@@ -53,13 +53,15 @@ void check_device_supported(const at::Tensor& t) {
   if (report.support == DeviceSupport::kSupported) return;
   // Strings only (checks.h says why).
   const std::string capability = std::to_string(report.major) + "." + std::to_string(report.minor);
+  // Hopper's wgmma kernels are sm_90a code, which an arch list names as such.
+  const std::string arch = capability == "9.0" ? "9.0a" : capability;
   const std::string device = std::string(at::cuda::getCurrentDeviceProperties()->name) + " (" +
                              t.device().str() + ", compute capability " + capability + ")";
   TORCH_CHECK(report.support != DeviceSupport::kTooOld, "psa_fa2 needs an NVIDIA GPU of compute "
               "capability 8.0 (Ampere) or newer; the inputs are on ", device);
   TORCH_CHECK(report.support != DeviceSupport::kNotBuiltFor, "psa_fa2 was built for CUDA archs \"",
               PSA_FA2_CUDA_ARCHS, "\", which have no code that ", device, " can run; reinstall "
-              "it with TORCH_CUDA_ARCH_LIST=\"", capability, "\" (or build it "
+              "it with TORCH_CUDA_ARCH_LIST=\"", arch, "\" (or build it "
               "on a machine with this GPU, whose arch the build picks by default)");
   TORCH_CHECK(false, "psa_fa2: the CUDA runtime could not report on ", t.device().str());
 }
