@@ -1,5 +1,5 @@
-// Whether the current device can run this build's kernels: a clear error at the first call
-// rather than "no kernel image is available" from a launch, or a kernel that never ran.
+// Whether the current device can run this build's kernels, so that the ops can raise an error
+// that names the GPU and the archs built before they launch anything there.
 #pragma once
 
 namespace psa_fa2 {
