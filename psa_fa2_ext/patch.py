@@ -16,6 +16,15 @@ Copies: ``copy.deepcopy`` (Ultralytics' EMA, ``AutoBackend``) keeps the patch;
 pickling (``torch.save`` of a checkpoint) writes the plain Ultralytics class, so a
 checkpoint of a patched model loads where psa_fa2_ext is not installed, unpatched.
 
+Training: ``YOLO.train()`` trains a model it builds itself, so on a ``YOLO`` object the
+patch also registers a trainer callback that patches that model. Multi-GPU training
+(``device="0,1"``) trains in new processes: Ultralytics (``utils/dist.py``,
+``generate_ddp_file``) pickles the trainer's class, args, model and callbacks with
+cloudpickle and each rank rebuilds the trainer from them. The model arrives unpatched
+(pickled as above, or as the yaml the rank builds it from); the callback arrives by
+reference, imports psa_fa2_ext in the rank, and patches the rank's model and EMA before the
+first step (docs/multi_gpu.md).
+
 Ultralytics is imported only when a function here is called.
 """
 
@@ -95,7 +104,9 @@ def _patch_trainer_model(trainer) -> None:
     # ``YOLO.train()`` builds a fresh model from the yaml and loads the weights into it,
     # which drops the patch. This runs at the end of the trainer's setup, after
     # compile/DDP wrapping (both are lazy, and ``modules()`` sees through them) and
-    # after the EMA copy is taken, so both are patched before the first step.
+    # after the EMA copy is taken, so both are patched before the first step. It runs in
+    # every DDP rank too, whose trainer gets the callbacks by pickle: it must stay a
+    # module-level function, which cloudpickle pickles by name, not by value.
     patch_ultralytics(trainer.model)
     ema = getattr(getattr(trainer, "ema", None), "ema", None)
     if isinstance(ema, nn.Module):
@@ -131,7 +142,7 @@ def patch_ultralytics(model: nn.Module) -> int:
     ``forward`` is left alone (its math may differ), with a warning.
 
     On a ``YOLO`` object a training callback is also registered, so the model that
-    ``YOLO.train()`` builds is patched too.
+    ``YOLO.train()`` builds is patched too, in each process of a multi-GPU run as well.
     """
     base = _attention_class()
     n = 0
