@@ -84,7 +84,14 @@ def extension():
         ("PSA_FA2_VERSION", f'"{VERSION}"'),
         ("PSA_FA2_TORCH_VERSION", f'"{torch.__version__}"'),
     ]
-    cxx_flags = ["-O3"]  # torch picks the C++ standard its headers need
+    # torch picks the C++ standard its headers need. Its ISO mode turns off the contraction
+    # of a * b + c into one FMA, which the CPU tile math (csrc/cpu/tile_math.cpp) is built on.
+    cxx_flags = ["-O3", "-ffp-contract=fast"]
+    if sys.platform.startswith("linux") and torch.backends.openmp.is_available():
+        # at::parallel_for is a header template: without -fopenmp its OpenMP loop compiles to
+        # a serial one. Only the compile flag: the GOMP symbols then bind, through libtorch's
+        # own dependencies, to the OpenMP runtime torch ships, so one thread pool serves both.
+        cxx_flags.append("-fopenmp")
     if not WITH_CUDA:
         return CppExtension("psa_fa2_ext._C", sources, define_macros=define_macros,
                             extra_compile_args={"cxx": cxx_flags})

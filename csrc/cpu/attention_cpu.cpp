@@ -1,11 +1,12 @@
-// CPU kernels: the blockwise matmul path (blockwise_attention.h) for every dtype. Its
-// matmuls run on the CPU BLAS, batched over all (batch, head) pairs, and its elementwise
-// ops on ATen's threads; memory O(B * H * block * N), never N x N.
+// CPU kernels: the fused tile kernels (fused_attention.h) for fp32, bf16 and fp16; float64,
+// which gradcheck and the float64 reference use, takes the blockwise matmul path
+// (blockwise_attention.h), whose matmuls run in fp64 on the CPU BLAS.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include "../blockwise_attention.h"
 #include "../checks.h"
+#include "fused_attention.h"
 
 namespace psa_fa2 {
 namespace {
@@ -25,7 +26,11 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
   at::Tensor lse = at::empty({s.batch, s.heads, s.seqlen},
                              q.options().dtype(accumulate_dtype(q.scalar_type())));
   if (out.numel() == 0) return {out, lse};
-  blockwise_fwd(q, k, v, scale, out, lse, kBlockwiseElemsCpu);
+  if (q.scalar_type() == at::kDouble) {
+    blockwise_fwd(q, k, v, scale, out, lse, kBlockwiseElemsCpu);
+  } else {
+    cpu::fused_fwd(s, q, k, v, scale, out, lse);
+  }
   return {out, lse};
 }
 
