@@ -42,8 +42,12 @@ void bwd_cpu(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
   check_cpu_impl(parse_impl(impl));
   if (!accumulate) zero_qk_grads(dq, dk);
   if (q.numel() == 0 || v.numel() == 0) return;
-  // Fixed block order and BLAS calls of fixed shapes: the same result run to run.
-  blockwise_bwd(dout, q, k, v, out, lse, scale, dq, dk, dv, kBlockwiseElemsCpu);
+  // Both paths are deterministic: fixed orders of summation, no atomics.
+  if (q.scalar_type() == at::kDouble) {
+    blockwise_bwd(dout, q, k, v, out, lse, scale, dq, dk, dv, kBlockwiseElemsCpu);
+  } else {
+    cpu::fused_bwd(s, dout, q, k, v, out, lse, scale, dq, dk, dv);
+  }
 }
 
 }  // namespace

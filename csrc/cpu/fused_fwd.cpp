@@ -33,25 +33,24 @@ void fwd_typed(const AttnShape& s, const at::Tensor& q_t, const at::Tensor& k_t,
   const int64_t N = s.seqlen, dk = s.head_dim_qk, dv = s.head_dim_v;
   const int64_t tiles = (N + kQueryTile - 1) / kQueryTile;
   const int64_t tasks = s.batch * s.heads * tiles;
-  const int64_t cols = kQueryTile;  // a multiple of kCols
   const float q_factor = static_cast<float>(scale) * kLog2e;
   float* lse_all = lse_t.data_ptr<float>();
   const TileMath& tm = tile_math();
 
   at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qt(dk * cols), ot(dv * cols), st(kKeyTile * cols);
-    std::vector<float> m(cols), l(cols), alpha(cols);
+    std::vector<float> qt(dk * kQueryTile), ot(dv * kQueryTile), st(kKeyTile * kQueryTile);
+    std::vector<float> m(kQueryTile), l(kQueryTile), alpha(kQueryTile);
     std::vector<float> kbuf(kKeyTile * dk), vbuf(kKeyTile * dv);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t bh = task / tiles, r0 = (task % tiles) * kQueryTile;
       const int64_t b = bh / s.heads, h = bh % s.heads;
-      const int64_t rows = std::min(kQueryTile, N - r0);
+      const int64_t rows = std::min(kQueryTile, N - r0), cols = round_up_cols(rows);
       const auto q = head_view<const T>(q_t, b, h), k = head_view<const T>(k_t, b, h),
                  v = head_view<const T>(v_t, b, h);
       pack_transposed(q, r0, rows, dk, q_factor, qt.data(), cols);
-      std::fill(ot.begin(), ot.end(), 0.f);
-      std::fill(m.begin(), m.end(), -std::numeric_limits<float>::infinity());
-      std::fill(l.begin(), l.end(), 0.f);
+      std::fill_n(ot.begin(), dv * cols, 0.f);
+      std::fill_n(m.begin(), cols, -std::numeric_limits<float>::infinity());
+      std::fill_n(l.begin(), cols, 0.f);
       for (int64_t j0 = 0; j0 < N; j0 += kKeyTile) {
         const int64_t nk = std::min(kKeyTile, N - j0);
         const FloatTile kj = float_tile(k, j0, nk, dk, kbuf.data());
