@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "cpu/tile_math.h"
+
 #ifndef PSA_FA2_VERSION
 #define PSA_FA2_VERSION "0.0.0"
 #endif
@@ -66,6 +68,8 @@ pybind11::dict build_info() {
   info["cuda_archs"] = "";
   info["cuda_kernels"] = std::vector<std::string>{};
 #endif
+  // Which copy of the CPU tile math this CPU runs (cpu/tile_math.h).
+  info["cpu_isa"] = std::string(psa_fa2::cpu::tile_math_isa());
   return info;
 }
 
@@ -74,5 +78,8 @@ pybind11::dict build_info() {
 // Importing the module runs the TORCH_LIBRARY registrations above and in the kernels' files.
 PYBIND11_MODULE(_C, m) {
   m.doc() = "psa_fa2_ext compiled kernels; the operators live in torch.ops.psa_fa2";
-  m.def("build_info", &build_info, "Version, torch version, and which CUDA kernels were built.");
+  m.def("build_info", &build_info,
+        "Version, torch version, which CUDA kernels were built, and the CPU kernels' ISA.");
+  m.def("_force_cpu_isa", [](const std::string& isa) { psa_fa2::cpu::force_tile_math(isa.c_str()); },
+        "Tests only: run the CPU tile math's \"avx2\" or \"baseline\" copy, or \"auto\".");
 }

@@ -18,5 +18,6 @@ __all__ = [
 
 
 def build_info() -> dict:
-    """Version, the torch it was built against, and which CUDA kernels and archs were built."""
+    """Version, the torch it was built against, which CUDA kernels and archs were built, and
+    the instruction set the CPU kernels run on this machine ("avx2" or "baseline")."""
     return dict(_C.build_info())

@@ -20,6 +20,8 @@ def main() -> None:
     info = psa_fa2_ext.build_info()
     print(f"psa_fa2_ext {info['version']}")
     print(f"built against torch {info['torch_version']}; running torch {torch.__version__}")
+    print(f"CPU kernels: fused tiles, {info['cpu_isa']} code on this CPU "
+          f"({torch.get_num_threads()} threads)")
     if info["cuda"]:
         print(f"CUDA kernels: built with CUDA {info['cuda_version']} for archs {info['cuda_archs']}")
         print(f"  kernels: {', '.join(info['cuda_kernels'])}")

@@ -56,5 +56,9 @@ const TileMath& tile_math();
 // Its name, for build and run-time reports: "avx2" or "baseline".
 const char* tile_math_isa();
 
+// Tests only (psa_fa2_ext._testing): run the given copy ("avx2" or "baseline") from now on,
+// or the CPU's own again ("auto"), so that the baseline code runs on an AVX2 machine too.
+void force_tile_math(const char* isa);
+
 }  // namespace cpu
 }  // namespace psa_fa2

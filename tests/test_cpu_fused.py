@@ -1,0 +1,121 @@
+"""The fused CPU kernels (csrc/cpu/fused_*.cpp): both copies of their tile math, tile
+boundaries, the split of a head's keys over several tasks, determinism."""
+import pytest
+import torch
+
+import psa_fa2_ext
+from psa_fa2_ext import _testing
+from helpers import (assert_close_to_reference, assert_lse_close, assert_zero_softmax_gradient,
+                     forward_reference, grads_reference, make_qkv)
+
+ISAS = ["baseline"] + (["avx2"] if psa_fa2_ext.build_info()["cpu_isa"] == "avx2" else [])
+# Around the kernels' tiles (128 queries, 64 / 128 keys, 16 columns): one element, a
+# partial column block, exact tiles, one past, several tiles with a ragged end.
+SEQLENS = [1, 15, 17, 128, 129, 400, 1025]
+HEAD_DIMS = [(32, 64), (32, 32), (5, 3), (16, 40)]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    with _testing.cpu_isa(request.param):
+        yield request.param
+
+
+@pytest.fixture
+def threads():
+    """Restores the thread count a test changes."""
+    before = torch.get_num_threads()
+    yield torch.set_num_threads
+    torch.set_num_threads(before)
+
+
+def run(q, k, v, dout, scale, accumulate_onto_random=True):
+    """fwd and bwd; dq and dk accumulate onto random fp32 values (as the op's contract
+    says), which are subtracted again, unless accumulate_onto_random is False."""
+    out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale)
+    random = accumulate_onto_random and q.dtype == torch.float32
+    dq = torch.randn_like(q) if random else torch.zeros_like(q)
+    dk = torch.randn_like(k) if random else torch.zeros_like(k)
+    dq0, dk0 = dq.clone(), dk.clone()
+    dv = torch.full_like(v, float("nan"))  # written, not accumulated: every element must be
+    torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, scale, dq, dk, dv)
+    return out, lse, dq.double() - dq0.double(), dk.double() - dk0.double(), dv
+
+
+def make_dout(B, H, N, dv, dtype, layout):
+    """dout in the inputs' layout, as autograd hands it to the op."""
+    if layout == "channel_first":
+        return torch.randn(B, H, dv, N, dtype=dtype).transpose(2, 3)
+    return torch.randn(B, H, N, dv, dtype=dtype)
+
+
+def check(B, H, N, dk, dv, dtype, layout):
+    _, q, k, v = make_qkv(B, H, N, dk, dv, dtype, "cpu", layout)
+    scale = dk ** -0.5
+    dout = make_dout(B, H, N, dv, dtype, layout)
+    out, lse, dq, dk_, dv_ = run(q, k, v, dout, scale)
+    ref64, eager = forward_reference(q, k, v, scale)
+    assert_close_to_reference("out", out, ref64, eager, dtype)
+    assert_lse_close(lse, q, k, scale)
+    refs, eagers = grads_reference(q, k, v, scale, dout)
+    if N == 1:  # a single key: softmax is constant, dq = dk = 0 up to rounding
+        assert_zero_softmax_gradient(dq, dk_, q, k, v, dout, scale)
+        assert_close_to_reference("dv", dv_, refs[2], eagers[2], dtype)
+        return
+    for name, ours, ref, eag in zip(("dq", "dk", "dv"), (dq, dk_, dv_), refs, eagers):
+        assert_close_to_reference(name, ours, ref, eag, dtype)
+
+
+@pytest.mark.parametrize("layout", ["channel_first", "token_major"])
+@pytest.mark.parametrize("dk,dv", HEAD_DIMS)
+@pytest.mark.parametrize("N", SEQLENS)
+def test_fp32_within_1e5_of_float64(isa, N, dk, dv, layout):
+    check(2, 2, N, dk, dv, torch.float32, layout)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", ["channel_first", "token_major"])
+@pytest.mark.parametrize("N", [17, 400, 1025])
+def test_half_types_no_worse_than_eager(isa, N, layout, dtype):
+    """At most 2x the error of the eager math in the same precision."""
+    check(1, 2, N, 32, 64, dtype, layout)
+
+
+@pytest.mark.parametrize("heads,n_threads", [((1, 1), 4), ((1, 2), 3), ((1, 3), 8)])
+def test_keys_split_over_tasks(isa, threads, heads, n_threads):
+    """Fewer heads than threads: a head's key tiles are split over several tasks, each with
+    its own dq sums, added in a fixed order."""
+    threads(n_threads)
+    check(*heads, 1025, 32, 64, torch.float32, "channel_first")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_is_deterministic(threads, dtype):
+    threads(4)  # key tiles split over tasks too
+    _, q, k, v = make_qkv(1, 2, 777, 32, 64, dtype, "cpu", "channel_first")
+    dout = make_dout(1, 2, 777, 64, dtype, "channel_first")
+    first = run(q, k, v, dout, 0.17, accumulate_onto_random=False)
+    for again in (run(q, k, v, dout, 0.17, accumulate_onto_random=False) for _ in range(3)):
+        for a, b in zip(first[2:], again[2:]):
+            assert torch.equal(a, b)
+
+
+def test_copies_agree():
+    """The baseline and AVX2 copies compute the same thing (to rounding: FMA or not)."""
+    if len(ISAS) < 2:
+        pytest.skip("this CPU has no AVX2 + FMA: only the baseline copy runs")
+    _, q, k, v = make_qkv(2, 2, 300, 32, 64, torch.float32, "cpu", "channel_first")
+    dout = make_dout(2, 2, 300, 64, torch.float32, "channel_first")
+    results = []
+    for isa in ISAS:
+        with _testing.cpu_isa(isa):
+            results.append(run(q, k, v, dout, 0.2))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_force_rejects_unknown_isa():
+    with pytest.raises(ValueError, match="isa must be"):
+        with _testing.cpu_isa("avx512"):
+            pass
+    assert psa_fa2_ext.build_info()["cpu_isa"] in ("avx2", "baseline")
