@@ -35,7 +35,7 @@ struct TileMath {
   // Online softmax over the keys of a score tile s[nk][ncols] (log2 units), column by column:
   // m_new = max(m, max_j s[j]); s[j] = exp2(s[j] - m_new); l = l * exp2(m - m_new) + sum_j s[j];
   // alpha[c] = exp2(m - m_new), the factor that rescales what was accumulated with m.
-  // m, l, alpha: ncols floats each; ncols a multiple of 8.
+  // m, l, alpha: ncols floats each; ncols a multiple of kCols.
   void (*softmax_update)(int64_t nk, int64_t ncols, float* s, float* m, float* l,
                          float* alpha);
 

@@ -43,8 +43,8 @@ PSA_INLINE void store(float* p, vec8 v) { __builtin_memcpy(p, &v, sizeof v); }
 PSA_INLINE vec8 splat(float x) { return vec8{1, 1, 1, 1, 1, 1, 1, 1} * x; }
 PSA_INLINE vec8 vmax(vec8 a, vec8 b) { return a > b ? a : b; }
 
-// 2^x for x <= 0 (the only arguments the softmax makes), about 2 ulp: x = n + f with n an
-// integer and |f| <= 1/2, 2^f by its degree-7 Taylor polynomial, 2^n put into the exponent.
+// 2^x for x <= 0 (the only arguments the softmax makes), within 2e-7 relative: x = n + f
+// with n an integer and |f| <= 1/2, 2^f by a degree-5 polynomial, 2^n put into the exponent.
 // Below -125 the result is clamped to 2^-125 rather than going denormal: next to the row's
 // largest term, 1, it is nothing. NaN stays NaN.
 PSA_INLINE vec8 exp2v(vec8 x) {
@@ -52,13 +52,12 @@ PSA_INLINE vec8 exp2v(vec8 x) {
   const vec8 magic = splat(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
   const vec8 n = (x + magic) - magic;
   const vec8 f = x - n;
-  vec8 p = splat(1.525273380405984e-05f);
-  p = p * f + 1.5403530393381606e-04f;
-  p = p * f + 1.3333558146428443e-03f;
-  p = p * f + 9.6181291076284772e-03f;
-  p = p * f + 5.5504108664821580e-02f;
-  p = p * f + 2.4022650695910071e-01f;
-  p = p * f + 6.9314718055994531e-01f;
+  // Near-minimax for 2^f on [-1/2, 1/2] (relative error 9e-8 in exact arithmetic).
+  vec8 p = splat(1.3264726898977973e-03f);
+  p = p * f + 9.6715126605577270e-03f;
+  p = p * f + 5.5507337442445875e-02f;
+  p = p * f + 2.4022242084919346e-01f;
+  p = p * f + 6.9314697759847090e-01f;
   p = p * f + 1.0f;
   const ivec8 e = __builtin_convertvector(n, ivec8) << 23;
   return (vec8)((ivec8)p + e);
@@ -117,31 +116,36 @@ void gemm_tile(int64_t m, int64_t n, int64_t kdim, const float* a, int64_t a_si,
 }
 
 void softmax_update(int64_t nk, int64_t ncols, float* s, float* m, float* l, float* alpha) {
-  // Row by row over the tile (it streams from L2), with the column statistics in L1.
-  for (int64_t c = 0; c < ncols; c += 8) store(alpha + c, load(m + c));
-  for (int64_t j = 0; j < nk; ++j) {
-    const float* row = s + j * ncols;
-    for (int64_t c = 0; c < ncols; c += 8) store(alpha + c, vmax(load(alpha + c), load(row + c)));
-  }
-  // A column whose maximum is still -inf (only -inf scores so far) takes 0 as its reference,
-  // so that exp2(-inf - 0) = 0 rather than NaN; its final 0 / 0 = NaN is eager softmax's.
+  // Two columns of vectors at a time down the whole tile: the running maximum and sum stay
+  // in registers, and the two exp2 chains overlap.
   const vec8 neg_inf = splat(-__builtin_inff());
-  for (int64_t c = 0; c < ncols; c += 8) {
-    const vec8 m_new = load(alpha + c);
-    const vec8 ref = m_new == neg_inf ? vec8{} : m_new;
-    const vec8 a = exp2v(load(m + c) - ref);
-    store(l + c, load(l + c) * a);
-    store(m + c, m_new);
-    store(alpha + c, a);
-  }
-  for (int64_t j = 0; j < nk; ++j) {
-    float* row = s + j * ncols;
-    for (int64_t c = 0; c < ncols; c += 8) {
-      const vec8 m_new = load(m + c);
-      const vec8 p = exp2v(load(row + c) - (m_new == neg_inf ? vec8{} : m_new));
-      store(row + c, p);
-      store(l + c, load(l + c) + p);
+  for (int64_t c = 0; c < ncols; c += 16) {
+    const vec8 m_old0 = load(m + c), m_old1 = load(m + c + 8);
+    vec8 mx0 = m_old0, mx1 = m_old1;
+    for (int64_t j = 0; j < nk; ++j) {
+      mx0 = vmax(mx0, load(s + j * ncols + c));
+      mx1 = vmax(mx1, load(s + j * ncols + c + 8));
     }
+    // A column whose maximum is still -inf (only -inf scores so far) takes 0 as its
+    // reference, so that exp2(-inf - 0) = 0 rather than NaN; its final 0 / 0 = NaN is eager
+    // softmax's.
+    const vec8 ref0 = mx0 == neg_inf ? vec8{} : mx0, ref1 = mx1 == neg_inf ? vec8{} : mx1;
+    vec8 sum0{}, sum1{};
+    for (int64_t j = 0; j < nk; ++j) {
+      float* row = s + j * ncols + c;
+      const vec8 p0 = exp2v(load(row) - ref0), p1 = exp2v(load(row + 8) - ref1);
+      store(row, p0);
+      store(row + 8, p1);
+      sum0 += p0;
+      sum1 += p1;
+    }
+    const vec8 a0 = exp2v(m_old0 - ref0), a1 = exp2v(m_old1 - ref1);
+    store(l + c, load(l + c) * a0 + sum0);
+    store(l + c + 8, load(l + c + 8) * a1 + sum1);
+    store(m + c, mx0);
+    store(m + c + 8, mx1);
+    store(alpha + c, a0);
+    store(alpha + c + 8, a1);
   }
 }
 
