@@ -1,12 +1,13 @@
 #!/usr/bin/env python
 """Benchmark psa_fa2_ext against every attention a PSA / C2PSA user could pick.
 
-    python bench/bench_attention.py                 # CPU: small default; GPU: full matrix
+    python bench/bench_attention.py                 # CPU: YOLO shapes in ~3 min; GPU: full matrix
     python bench/bench_attention.py --quick         # GPU: bf16, four shapes, ~2 min
     python bench/bench_attention.py --shapes 8x4x6400 --dtypes bf16 --peers ours sdpa_cudnn
 
-Writes <out>.json and <out>.md and prints the markdown, its summary table last. Results
-are rewritten after every case, so a run that is killed keeps what it finished.
+Writes <out>.json and <out>.md (default under bench/results/local/, which git ignores) and
+prints the markdown, its summary table last. Results are rewritten after every case, so a
+run that is killed keeps what it finished.
 
 The full GPU matrix (4 dtypes x 7 shapes x 9 peers x 2 modes, with torch.compile and
 JIT peers) does not reliably fit one 10-minute command. Run it one dtype per command,
@@ -17,8 +18,12 @@ each stopping before its limit, then merge:
     done
     python bench/report.py bench/results/full-*.json --out bench/results/full
 
---budget-s only stops new cases from starting (the report lists those not run; rerun
-them with --shapes). --quick on GPU defaults to --budget-s 150 for the same reason.
+--budget-s stops new cases from starting, and skips a row whose calls, predicted from the
+rows before it (plan.py), would end after it (the report lists both; rerun them with
+--shapes). --quick on GPU defaults to --budget-s 150 for the same reason. On a CPU the
+YOLO shapes take seconds per call from 6400 tokens on, so the CPU default has a budget
+too (--budget-s inf runs everything); a CPU row whose predicted peak memory would not fit
+the machine is skipped whatever the budget.
 """
 import argparse
 import math
@@ -34,16 +39,26 @@ sys.path.insert(0, HERE)
 sys.path.append(os.path.dirname(HERE))
 
 import peers  # noqa: E402
-from measure import (eager_step_row, empty_row, free, is_oom, run_peer,  # noqa: E402
-                     short_error, split_views)
+from measure import (LONG_CALL_S, add_errors, eager_step_row, empty_row, free,  # noqa: E402
+                     is_oom, row_seconds, run_peer, short_error, split_views)
+import plan  # noqa: E402
 import report  # noqa: E402
+import rss  # noqa: E402
 import timing  # noqa: E402
-from reference import reference  # noqa: E402
+from reference import Cache, reference  # noqa: E402
 
 GPU_SHAPES = [(16, 2, 400), (16, 4, 400), (64, 4, 400), (1, 4, 400), (16, 4, 1600),
               (8, 4, 6400), (1, 2, 62500)]
 QUICK_SHAPES = [(16, 4, 400), (64, 4, 400), (16, 4, 1600), (8, 4, 6400)]
-CPU_SHAPES = [(2, 2, 400)]
+# YOLO11's attention at its P5 map (stride 32): 640 px with one image and with a batch of
+# 16, 1280, 2560 and 5120 px; 2 heads is yolo11n, 4 yolo11s / m / l.
+CPU_SHAPES = [(1, 2, 400), (16, 4, 400), (1, 4, 1600), (1, 4, 6400), (1, 2, 25600)]
+# Seconds the CPU default may spend on rows and references, so that the whole script,
+# import and report included, ends within three minutes.
+CPU_BUDGET_S = 165
+# Shape of the probe run, once per peer, mode and dtype, before a CPU row with no smaller
+# row of its own to predict its memory from.
+PROBE_SHAPE = (1, 1, 1024)
 # name -> (dtype, float32 matmul precision). "high" lets fp32 matmuls use TF32.
 DTYPES = {"bf16": (torch.bfloat16, "highest"), "fp16": (torch.float16, "highest"),
           "fp32": (torch.float32, "highest"), "fp32-tf32": (torch.float32, "high")}
@@ -72,16 +87,25 @@ def parse_args(argv):
     p.add_argument("--peers", nargs="+", choices=list(peers.PEERS))
     p.add_argument("--head-dims", nargs="+", type=parse_pair, default=[(32, 64)], metavar="DKxDV")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--no-step", action="store_true", help="skip the eager training-step table")
+    p.add_argument("--step", action=argparse.BooleanOptionalAction,
+                   help="the eager training-step table; default: on with CUDA, off on a CPU, "
+                        "where every call is synchronous and the fwd+bwd rows already time "
+                        "the same autograd step")
     p.add_argument("--quick", action="store_true",
                    help="short timing; on GPU bf16 and four shapes unless --dtypes/--shapes say")
     p.add_argument("--repeats", type=int, help="timed repeats per row (median reported)")
     p.add_argument("--target-ms", type=float, help="work per timed repeat")
     p.add_argument("--budget-s", type=float,
-                   help="start no new case after this many seconds (results so far are kept)")
+                   help="start no new case after this many seconds, nor a row predicted to end "
+                        f"after them (results so far are kept); CPU default {CPU_BUDGET_S}, "
+                        "'inf' for none")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", help="path prefix for .json/.md; default bench/results/<date>-<device>")
-    return p.parse_args(argv)
+    p.add_argument("--out", help="path prefix for .json/.md; default "
+                                 "bench/results/local/<date>-<device>")
+    args = p.parse_args(argv)
+    if args.budget_s is not None and not args.budget_s > 0:
+        p.error(f"--budget-s must be positive, got {args.budget_s:g}")
+    return args
 
 
 class Progress:
@@ -121,21 +145,100 @@ def flops(B, H, N, dk, dv, mode):
     return fwd if mode == "fwd" else 3.5 * fwd
 
 
-def make_inputs(case, B, H, N, seed, grads):
-    """qkv [B, H*(2dk+dv), h, w], dout [B, H, dv, N] and the float64 reference."""
+def make_inputs(case, B, H, N, seed):
+    """qkv [B, H*(2dk+dv), h, w] and dout [B, H, dv, N]."""
     # A CPU generator: the same numbers on every device, and no use of the CUDA generator,
-    # whose state a peer's failed graph capture could have broken.
+    # whose state a peer's failed graph capture could have broken. Rounded to bf16, so that
+    # the fp32 and bf16 runs of a shape hold the same numbers and share one float64 reference.
     gen = torch.Generator().manual_seed(seed)
     h, w = grid(N)
-    qkv = torch.randn(B, H * (2 * case.dk + case.dv), h, w, generator=gen)
-    dout = torch.randn(B, H, case.dv, N, generator=gen)
-    qkv, dout = qkv.to(case.device, case.dtype), dout.to(case.device, case.dtype)
-    q, k, v = split_views(qkv, H, case.dk, case.dv)
-    return qkv, dout, reference(q, k, v, case.scale, dout if grads else None)
+    qkv = torch.randn(B, H * (2 * case.dk + case.dv), h, w, generator=gen).bfloat16()
+    dout = torch.randn(B, H, case.dv, N, generator=gen).bfloat16()
+    return qkv.to(case.device, case.dtype), dout.to(case.device, case.dtype)
 
 
 def failed_row(e):
     return empty_row(status="OOM" if is_oom(e) else "n/a", note=short_error(e))
+
+
+def plan_key(name, mode, dtype_name, dims):
+    return (name, mode, dtype_name) + tuple(dims)
+
+
+def probe(name, mode, dtype_name, case, cfg):
+    """Runs one peer at PROBE_SHAPE, so that the planner can scale a larger row from it."""
+    B, H, N = PROBE_SHAPE
+    qkv, dout = make_inputs(case, B, H, N, cfg.seed)
+    if mode != "fwd":
+        qkv = qkv.detach().requires_grad_(True)
+    try:
+        row, _ = run_peer(name, case, mode, *split_views(qkv, H, case.dk, case.dv), dout, cfg)
+    except Exception:  # noqa: BLE001 - no probe, no prediction: the row itself will say why
+        row = None
+    finally:
+        del qkv, dout
+        free(case.device)
+    if row and row["status"] == "ok":
+        record(cfg, plan_key(name, mode, dtype_name, (case.dk, case.dv)), PROBE_SHAPE, row,
+               f"probe {B}x{H}x{N}")
+
+
+def record(cfg, key, shape, row, label):
+    peak = None if row["peak_mb"] is None else row["peak_mb"] * 2**20
+    cfg.planner.record(key, plan.work(*shape), row["kernel_us"] * 1e-6, peak, label)
+
+
+def case_reference(label, case, B, H, N, qkv, dout, cfg):
+    """The float64 reference of this case, or (None, why not)."""
+    grads = "fwd+bwd" in cfg.modes
+    q, k, v = split_views(qkv.detach(), H, case.dk, case.dv)
+    d = dout if grads else None
+    ref = cfg.references.get(q, k, v, case.scale, d)
+    if ref is not None:
+        cfg.reference_s[label] = "reused"
+        return ref, ""
+    key, w = ("reference", grads, case.dk, case.dv), plan.work(B, H, N)
+    pred = cfg.planner.predict(key, w)
+    left = cfg.planner.left()
+    if pred is not None and left is not None and pred.seconds > left:
+        return None, (f"no reference: predicted {pred.seconds:.0f} s (from {pred.basis}), "
+                      f"{max(left, 0):.0f} s left of the budget")
+    t0 = time.perf_counter()
+    # In host memory, where the rows' outputs wait (measure.run_peer): a GPU keeps all of
+    # its memory for the rows.
+    ref = tuple(None if x is None else x.cpu() for x in reference(q, k, v, case.scale, d))
+    cost = time.perf_counter() - t0
+    cfg.planner.record(key, w, cost, None, f"{B}x{H}x{N}")
+    cfg.references.put(q, k, v, case.scale, d, ref)
+    cfg.reference_s[label] = round(cost, 2)
+    return ref, ""
+
+
+def run_row(name, mode, dtype_name, shape, case, views, dout, cfg):
+    """(row, outputs): a measured row, or one that says why it was skipped."""
+    B, H, N = shape
+    t0 = time.perf_counter()
+    key, w = plan_key(name, mode, dtype_name, (case.dk, case.dv)), plan.work(B, H, N)
+    if cfg.probes and not cfg.planner.known(key) and w > plan.work(*PROBE_SHAPE):
+        probe(name, mode, dtype_name, case, cfg)
+    pred = cfg.planner.predict(key, w)
+    refused = cfg.planner.refuse(pred, pred and row_seconds(pred.seconds, cfg))
+    if refused:
+        res, outs = empty_row(status=refused[0], note=refused[1]), None
+    else:
+        try:   # run_peer guards itself; this only keeps a bug in it from ending the run
+            res, outs = run_peer(name, case, mode, *views, dout, cfg,
+                                 long_call=pred is not None and pred.seconds > LONG_CALL_S)
+        except Exception as e:  # noqa: BLE001
+            res, outs = failed_row(e), None
+            free(case.device)
+        if res["status"] == "ok":
+            record(cfg, key, shape, res, f"{B}x{H}x{N}")
+    res["predicted_s"] = pred and pred.seconds
+    res["predicted_row_s"] = pred and row_seconds(pred.seconds, cfg)
+    res["predicted_peak_mb"] = pred and pred.peak_bytes and pred.peak_bytes / 2**20
+    res["cost_s"] = time.perf_counter() - t0   # every call of the row, its probe included
+    return res, outs
 
 
 def run_case(dtype_name, shape, dims, cfg, rows, steps, progress):
@@ -146,7 +249,7 @@ def run_case(dtype_name, shape, dims, cfg, rows, steps, progress):
     case = peers.Case(dk=dk, dv=dv, scale=dk ** -0.5, dtype=dtype, device=device)
     base = dict(B=B, H=H, N=N, dk=dk, dv=dv, dtype=dtype_name)
     try:
-        qkv, dout, ref = make_inputs(case, B, H, N, cfg.seed, "fwd+bwd" in cfg.modes)
+        qkv, dout = make_inputs(case, B, H, N, cfg.seed)
         failed = None
     except Exception as e:  # noqa: BLE001 - e.g. OOM at a huge N: mark the case, go on
         failed = failed_row(e)
@@ -160,37 +263,47 @@ def run_case(dtype_name, shape, dims, cfg, rows, steps, progress):
         if cfg.step:
             progress.step(f"{dtype_name} {B}x{H}x{N} eager step", failed["status"])
         return
-    q, k, v = split_views(qkv, H, dk, dv)
+    views = {}
     for mode in cfg.modes:
-        if mode == "fwd":
-            views = (q, k, v)
-        else:
-            views = split_views(qkv.detach().requires_grad_(True), H, dk, dv)
-        mode_rows = []
-        for name in cfg.peers:
-            label = f"{dtype_name} {B}x{H}x{N} {mode} {name}"
-            try:   # run_peer guards itself; this only keeps a bug in it from ending the run
-                res = run_peer(name, case, mode, *views, dout, ref, cfg)
-            except Exception as e:  # noqa: BLE001
-                res = failed_row(e)
-                free(device)
+        src = qkv if mode == "fwd" else qkv.detach().requires_grad_(True)
+        views[mode] = split_views(src, H, dk, dv)
+    # Peer by peer, both modes each: ours first, so that a budget that runs out in a large
+    # case cuts peers, not our own rows.
+    done, outputs = {}, {}
+    for name in cfg.peers:
+        for mode in cfg.modes:
+            res, outs = run_row(name, mode, dtype_name, shape, case, views[mode], dout, cfg)
             r = dict(base, mode=mode, peer=name, **res)
             if r["kernel_us"]:
                 r["tflops"] = flops(B, H, N, dk, dv, mode) / (r["kernel_us"] * 1e-6) / 1e12
-            mode_rows.append(r)
-            progress.step(label, f"{r['kernel_us']:.1f} us" if r["kernel_us"] else
-                          f"{r['status']} {r['note']}")
+            done[(mode, name)] = r
+            if outs is not None:
+                outputs[(mode, name)] = outs
+            progress.step(f"{dtype_name} {B}x{H}x{N} {mode} {name}",
+                          f"{r['kernel_us']:.1f} us" if r["kernel_us"] else f"{r['status']} {r['note']}")
+    del views
+    # The reference last: a budget spent on rows leaves the error columns empty, not the times.
+    if outputs:
+        ref, why = case_reference(f"{dtype_name} {B}x{H}x{N} {dk}x{dv}", case, B, H, N, qkv,
+                                  dout, cfg)
+        for key, outs in outputs.items():
+            if ref is not None:
+                add_errors(done[key], outs, ref)
+            else:
+                done[key]["note"] = "; ".join(filter(None, [done[key]["note"], why]))
+        del ref
+    outputs.clear()
+    for mode in cfg.modes:
+        mode_rows = [done[(mode, name)] for name in cfg.peers]
         ours = next((r for r in mode_rows if r["peer"] == "ours" and r["status"] == "ok"), None)
         for r in mode_rows:
             if ours and r["kernel_us"]:
                 r["vs_ours"] = r["kernel_us"] / ours["kernel_us"]
         rows += mode_rows
-        del views
-    del ref
     if cfg.step:
         steps.append(dict(base, **eager_step_row(case, qkv, H, dout, cfg)))
         progress.step(f"{dtype_name} {B}x{H}x{N} eager step")
-    del qkv, dout, q, k, v
+    del qkv, dout
     free(device)
 
 
@@ -203,22 +316,29 @@ def configure(args):
         peer_names = args.peers or peers.GPU_DEFAULT
         repeats, target_ms = (3, 5.0) if args.quick else (7, 20.0)
     else:
-        # No GPU: a small case that finishes well under a minute, so the script runs anywhere.
         shapes = args.shapes or CPU_SHAPES
         dtypes = args.dtypes or ["fp32", "bf16"]
         peer_names = args.peers or peers.CPU_DEFAULT
         repeats, target_ms = (3, 10.0) if args.quick else (3, 20.0)
+    budget_s = args.budget_s
+    if budget_s is None:
+        budget_s = (150 if args.quick else None) if cuda else CPU_BUDGET_S
     cfg = argparse.Namespace(
         device=device, shapes=shapes, dtypes=dtypes, peers=peer_names, dims=args.head_dims,
-        modes=args.modes, step=not args.no_step, seed=args.seed, warmup=3 if cuda else 2,
-        repeats=args.repeats or repeats, target_s=(args.target_ms or target_ms) / 1e3,
-        budget_s=args.budget_s if args.budget_s is not None else (150 if cuda and args.quick else None))
+        modes=args.modes, step=cuda if args.step is None else args.step, seed=args.seed,
+        warmup=3 if cuda else 2, repeats=args.repeats or repeats,
+        target_s=(args.target_ms or target_ms) / 1e3,
+        budget_s=None if budget_s is None or math.isinf(budget_s) else budget_s,
+        # Host memory is what a CPU row can run out of, and what it is killed for; on a GPU an
+        # allocation that fails is an exception, and the row says OOM.
+        probes=not cuda, references=Cache(), reference_s={})
+    cfg.planner = plan.Planner(cfg.budget_s, memory_guard=not cuda)
     if args.out:
         out = args.out
     else:
         where = torch.cuda.get_device_name(device) if cuda else "cpu"
         slug = "".join(c if c.isalnum() else "-" for c in where.lower()).strip("-")
-        out = os.path.join(HERE, "results", time.strftime("%Y%m%d-%H%M%S") + "-" + slug)
+        out = os.path.join(HERE, "results", "local", time.strftime("%Y%m%d-%H%M%S") + "-" + slug)
     cfg.out = os.path.splitext(out)[0] if out.endswith((".json", ".md")) else out
     return cfg
 
@@ -242,15 +362,33 @@ def config_doc(cfg):
                   "calls, GPU time only while the GPU is the bottleneck; 'launch-bound?' marks "
                   "rows whose host enqueue time was over 0.8x the GPU time, an upper bound")
     else:
-        method = (f"host perf_counter around a loop (CPU, no GPU), median of {cfg.repeats} "
-                  "repeats")
+        method = (f"host perf_counter around a loop of calls (CPU: one clock, so no separate "
+                  f"wall column), median of {cfg.repeats} loops of at least "
+                  f"{cfg.target_s * 1e3:g} ms each; calls of half a second or more: "
+                  f"{max(2, cfg.repeats // 3)} single calls; calls over {LONG_CALL_S:g} s: one "
+                  "timed call (where the planner predicted that, the memory call before it is "
+                  "the row's only warm-up)")
+    memory = (rss.method() if not rss.unavailable() else f"peak RSS not measured: {rss.unavailable()}"
+              ) if cfg.device.type == "cpu" else ("max_memory_allocated during one call minus what "
+                                                  "was allocated before it (inputs)")
     return dict(device=str(cfg.device), shapes=cfg.shapes, dtypes=cfg.dtypes, peers=cfg.peers,
                 head_dims=cfg.dims, modes=cfg.modes, repeats=cfg.repeats, warmup=cfg.warmup,
                 target_ms=cfg.target_s * 1e3, seed=cfg.seed, kernel_method=method,
+                peak_memory_method=memory + "; measured on a call of its own, before the timed ones",
+                budget_s=cfg.budget_s,
+                planning=("rows are predicted from the largest earlier row of the same peer, mode "
+                          "and dtype (plan.py), scaled by B*H*N^2"
+                          + (f"; a row without one from a probe at {'x'.join(map(str, PROBE_SHAPE))}"
+                             if cfg.probes else "")
+                          + (f"; a row whose predicted peak exceeds {plan.MEMORY_SHARE:g} x "
+                             "MemAvailable is skipped" if cfg.planner.memory_guard else "")
+                          + ("; with a budget, so is a row whose predicted calls would end after "
+                             "it" if cfg.budget_s else "")),
                 float32_matmul_precision={k: v[1] for k, v in DTYPES.items() if k in cfg.dtypes},
-                reference="float64 eager math of the same inputs, over blocks of query rows "
-                          "(every row, every key)",
-                stopped_early=None)
+                reference="float64 eager math of the same inputs (bf16-exact values, so one "
+                          "reference serves every dtype of a shape), over blocks of query rows "
+                          "(every row, every key), computed after the case's rows",
+                reference_s=cfg.reference_s, stopped_early=None)
 
 
 def main(argv=None):
@@ -260,7 +398,7 @@ def main(argv=None):
     rows, steps = [], []
     cases = [(d, s, hd) for d in cfg.dtypes for s in cfg.shapes for hd in cfg.dims]
     progress = Progress(len(cases) * (len(cfg.modes) * len(cfg.peers) + cfg.step))
-    t0 = time.perf_counter()
+    t0 = cfg.planner.t0
     precision = torch.get_float32_matmul_precision()
     print(f"psa_fa2_ext benchmark on {meta.get('gpu') or meta.get('cpu')}: {len(cases)} cases "
           f"x {len(cfg.peers)} peers x {len(cfg.modes)} modes -> {cfg.out}.md", file=sys.stderr)

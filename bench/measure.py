@@ -67,17 +67,36 @@ def empty_row(status="ok", note=""):
                 err_dk=None, err_dv=None)
 
 
-def run_peer(name, case, mode, q, k, v, dout, ref, cfg):
-    """One row: time, memory and error of one peer, or why it could not run."""
+# A call this long is its own warm-up, and one timed call of it is as good as a loop: a
+# second of work is far above the clock's resolution and any one-time cost of a first call.
+LONG_CALL_S = 1.0
+
+
+def row_seconds(call_s, cfg):
+    """Seconds a row takes whose calls take call_s each (run_peer's schedule)."""
+    if call_s > LONG_CALL_S:
+        return 2 * call_s   # the memory call, then one timed call
+    timed = max(2, cfg.repeats // 3) if call_s >= 0.5 else cfg.repeats
+    loops = timed + (min(3, timed) if cfg.device.type == "cuda" else 0)   # + wall loops
+    return (cfg.warmup + 1) * call_s + loops * max(cfg.target_s, call_s)
+
+
+def run_peer(name, case, mode, q, k, v, dout, cfg, long_call=False):
+    """One row without its error columns, and the outputs of its memory call to compute them.
+
+    Calls: warm-up, one call for peak memory (and the outputs), then the timed calls. With
+    long_call (the planner predicts calls over LONG_CALL_S), the memory call comes first and
+    is the warm-up: the same peer ran at a smaller shape before, so it is not a first use.
+    """
     row = empty_row()
     device = case.device
     try:
         cands = peers.build(name, case)
     except peers.Unsupported as e:
-        return dict(row, status="n/a", note=str(e))
+        return dict(row, status="n/a", note=str(e)), None
     except Exception as e:  # noqa: BLE001 - a peer that breaks while building is n/a, not fatal
-        return dict(row, status="OOM" if is_oom(e) else "n/a", note=short_error(e))
-    chosen, failures = None, []
+        return dict(row, status="OOM" if is_oom(e) else "n/a", note=short_error(e)), None
+    chosen, failures, mem = None, [], None
     for cand in cands:
         step = make_step(cand.fn, mode, q, k, v, dout)
         oom, caught = False, []
@@ -85,52 +104,75 @@ def run_peer(name, case, mode, q, k, v, dout, ref, cfg):
             # SDPA says why a forced backend refuses only in warnings: keep them for the note.
             with warnings.catch_warnings(record=True) as caught, cand.context():
                 warnings.simplefilter("always")
-                warm = []
-                for i in range(cfg.warmup):
-                    warm.append(timing.host_time(step, device, 1))
-                    # The first call may compile; a slow second call needs no more warm-up.
-                    if i >= 1 and warm[-1] > 0.5:
-                        break
+                if long_call:
+                    mem = timing.with_peak_memory(step, device)
+                    warm = [mem[2]]
+                else:
+                    warm = []
+                    for i in range(cfg.warmup):
+                        warm.append(timing.host_time(step, device, 1))
+                        # The first call may compile; a slow second call needs no more warm-up.
+                        if i >= 1 and warm[-1] > 0.5:
+                            break
             chosen = cand
         except Exception as e:  # noqa: BLE001 - any failure of a peer becomes its row's note
             # Keep only text: the traceback's frames would hold the failed call's tensors.
             why = [str(w.message).strip().splitlines()[0][:160] for w in caught]
             failures.append(short_error(e) + (f" ({why[0]})" if why else ""))
             oom = is_oom(e)
+            mem = None
         free(device)
         if oom:
-            return dict(row, status="OOM", note=failures[-1])
+            return dict(row, status="OOM", note=failures[-1]), None
         if chosen is not None:
             break
     if chosen is None:
-        return dict(row, status="n/a", note="; ".join(failures))
+        return dict(row, status="n/a", note="; ".join(failures)), None
     row["note"] = "; ".join(filter(None, [chosen.note] + [f"native failed: {f}" for f in failures]))
+    wall = None
     try:
         with chosen.context():
-            res, peak = timing.with_peak_memory(step, device)
-            outs = res if isinstance(res, tuple) else (res,)
-            if tuple(outs[0].shape) != tuple(ref[0].shape):
-                raise RuntimeError(f"output shape {tuple(outs[0].shape)}, expected {tuple(ref[0].shape)}")
-            for key, x, r in zip(("err_out", "err_dq", "err_dk", "err_dv"), outs, ref):
-                row[key] = rel_err(x, r)
-            del res, outs
+            if mem is None:
+                mem = timing.with_peak_memory(step, device)
+            res, peak, _ = mem
+            mem = None
+            # Kept until the case's reference exists; in host memory, so that on a GPU they
+            # weigh on no later row's peak.
+            outs = tuple(x.detach().cpu() for x in (res if isinstance(res, tuple) else (res,)))
+            del res
             est = min(warm[1:] or warm)
-            # Calls of a second or more: few repeats, or one row would take minutes.
-            repeats = cfg.repeats if est < 0.5 else max(2, cfg.repeats // 3)
+            if est > LONG_CALL_S:
+                repeats = 1
+            else:
+                # Calls of half a second or more: few repeats, or one row would take minutes.
+                repeats = cfg.repeats if est < 0.5 else max(2, cfg.repeats // 3)
             kt, method, tnote = timing.kernel_time(step, device, est, cfg.target_s, repeats,
                                                    graph_ok=(name, mode) in peers.GRAPH_SAFE)
-            n_wall = timing.iters_for(est, cfg.target_s)
-            wall = statistics.median(timing.host_time(step, device, n_wall)
-                                     for _ in range(min(3, repeats)))
+            if device.type == "cuda":
+                n_wall = timing.iters_for(est, cfg.target_s)
+                wall = statistics.median(timing.host_time(step, device, n_wall)
+                                         for _ in range(min(3, repeats)))
     except Exception as e:  # noqa: BLE001
         status = "OOM" if is_oom(e) else "n/a"
-        return dict(row, status=status, note=(row["note"] + "; " if row["note"] else "") + short_error(e))
+        note = (row["note"] + "; " if row["note"] else "") + short_error(e)
+        return dict(row, status=status, note=note), None
     finally:
         free(device)
     row["note"] = "; ".join(filter(None, [row["note"], tnote]))
-    row.update(kernel_us=kt * 1e6, kernel_method=method, wall_us=wall * 1e6,
+    row.update(kernel_us=kt * 1e6, kernel_method=method, wall_us=None if wall is None else wall * 1e6,
                peak_mb=None if peak is None else peak / 2**20)
-    return row
+    return row, outs
+
+
+def add_errors(row, outs, ref):
+    """Fills the row's error columns from its outputs and the float64 reference."""
+    if tuple(outs[0].shape) != tuple(ref[0].shape):
+        # A wrong result's time means nothing: the row keeps only why.
+        row.update(empty_row(status="n/a", note=f"output shape {tuple(outs[0].shape)}, "
+                                                f"expected {tuple(ref[0].shape)}"))
+        return
+    for key, x, r in zip(("err_out", "err_dq", "err_dk", "err_dv"), outs, ref):
+        row[key] = rel_err(x, r)
 
 
 STEP_WARMUP = 20

@@ -52,7 +52,8 @@ def machine(device):
 
 
 def summarise(rows):
-    """Per (mode, case): ours, the fastest other peer, and peer time / ours."""
+    """Per (dtype, case, mode): ours, the fastest other peer, peer time / ours, and the peak
+    memory of ours and of the eager block."""
     out, groups = [], {}
     for r in rows:
         groups.setdefault(_case_key(r), []).append(r)
@@ -61,10 +62,15 @@ def summarise(rows):
         others = [r for r in ok.values() if r["peer"] not in OURS]
         best = min(others, key=lambda r: r["kernel_us"]) if others else None
         ours, seed = ok.get("ours"), ok.get("seed")
+        eager = next((r for r in rs if r["peer"] == "eager"), None)
         s = dict(zip(("mode", "B", "H", "N", "dk", "dv", "dtype"), key))
         s.update(ours_us=ours and ours["kernel_us"],
                  best_peer=best and best["peer"], best_peer_us=best and best["kernel_us"],
-                 seed_us=seed and seed["kernel_us"])
+                 seed_us=seed and seed["kernel_us"],
+                 ours_peak_mb=ours and ours["peak_mb"],
+                 eager_peak_mb=eager and (eager["peak_mb"] if eager["status"] == "ok"
+                                          else eager.get("predicted_peak_mb")),
+                 eager_peak_predicted=bool(eager) and eager["status"] != "ok")
         s["best_over_ours"] = (best["kernel_us"] / ours["kernel_us"]) if best and ours else None
         s["seed_over_ours"] = (seed["kernel_us"] / ours["kernel_us"]) if seed and ours else None
         out.append(s)
@@ -111,17 +117,21 @@ def _shape(r):
 def markdown(doc):
     m, cfg = doc["meta"], doc["config"]
     where = m.get("gpu") or m.get("cpu")
+    cpu = not m.get("gpu")
+    peak_label = "peak RSS MB" if cpu else "peak MB"
     parts = [
         f"# psa_fa2_ext attention benchmark — {where}",
         f"{m['date']} · torch {m['torch']} (CUDA {m['torch_cuda']}, cuDNN {m['cudnn']}) · "
         f"commit {m['commit'] or 'none'}{' (dirty)' if m.get('dirty') else ''} · host {m['host']}",
         "",
-        f"- kernel time: {cfg['kernel_method']}. {cfg['warmup']} warm-up calls per row first. "
-        "wall time: host perf_counter around a synchronised loop of eager calls (launch and "
-        "Python overhead included: what an eager user waits for), median of up to 3 loops.",
+        f"- kernel time: {cfg['kernel_method']}. Up to {cfg['warmup']} warm-up calls per row "
+        "first." + ("" if cpu else " wall time: host perf_counter around a synchronised loop "
+                    "of eager calls (launch and Python overhead included: what an eager user "
+                    "waits for), median of up to 3 loops."),
         "- TFLOP/s from kernel time; fwd = 2·B·H·N²·(dk+dv) flops, fwd+bwd = 3.5× fwd.",
-        "- peer/ours = peer kernel time / ours (> 1: ours is faster). peak MB = "
-        "max_memory_allocated during one call minus what was allocated before it (inputs).",
+        f"- peer/ours = peer kernel time / ours (> 1: ours is faster). {peak_label} = "
+        + cfg.get("peak_memory_method", "max_memory_allocated during one call minus what was "
+                                        "allocated before it (inputs)") + ".",
         f"- error = max|x − ref| / max|ref| against {cfg['reference']}.",
         "- every peer starts from the same channel-first split views and returns "
         "[B, H, dv, N] contiguous; its layout copies and padding are in its time. fwd+bwd "
@@ -130,6 +140,11 @@ def markdown(doc):
     ]
     if m.get("psa_fa2_ext_error"):
         parts.append(f"- psa_fa2_ext could not be imported: {m['psa_fa2_ext_error']}")
+    if cfg.get("planning"):
+        parts.append(f"- {cfg['planning']}; budget: "
+                     + (f"{cfg['budget_s']:g} s" if cfg.get("budget_s") else "none") + ".")
+    if cfg.get("elapsed_s") is not None:
+        parts.append(f"- run time {cfg['elapsed_s']:g} s (import excluded).")
     if cfg.get("stopped_early"):
         parts.append(f"- stopped early: {cfg['stopped_early']}")
     for mode in cfg["modes"]:
@@ -137,17 +152,19 @@ def markdown(doc):
         if not rows:
             continue
         grads = mode != "fwd"
-        header = ["shape", "dtype", "peer", "kernel us", "timing", "wall us", "TFLOP/s", "peer/ours",
-                  "peak MB", "err out"] + (["err dq", "err dk", "err dv"] if grads else []) + ["note"]
+        wall = any(r["wall_us"] is not None for r in rows)   # none on a CPU: one clock
+        header = (["shape", "dtype", "peer", "kernel us", "timing"] + (["wall us"] if wall else [])
+                  + ["TFLOP/s", "peer/ours", peak_label, "err out"]
+                  + (["err dq", "err dk", "err dv"] if grads else []) + ["note"])
         lines = []
         for r in rows:
             ok = r["status"] == "ok"
             errs = [r["err_out"]] + ([r["err_dq"], r["err_dk"], r["err_dv"]] if grads else [])
             note = r["note"] if ok else f"**{r['status']}** {r['note']}".strip()
             lines.append([_shape(r), r["dtype"], PEERS[r["peer"]][0], _us(r["kernel_us"]),
-                          r.get("kernel_method") or "–", _us(r["wall_us"]),
-                          _f(r["tflops"], ".3g"), _f(r["vs_ours"], ".2f"),
-                          _f(r["peak_mb"], ",.0f"), *[_f(e, ".1e") for e in errs], note])
+                          r.get("kernel_method") or "–"] + ([_us(r["wall_us"])] if wall else [])
+                         + [_f(r["tflops"], ".3g"), _f(r["vs_ours"], ".2f"),
+                            _mb(r["peak_mb"]), *[_f(e, ".1e") for e in errs], note])
         parts += ["", f"## {mode}", "", _table(header, lines)]
     if doc["eager_step"]:
         lines = [[_shape(s), s["dtype"], _us(s["ours_us"]), _us(s["sdpa_us"]), _us(s["eager_us"]),
@@ -161,6 +178,8 @@ def markdown(doc):
                   "'by round' the range of each round's own SDPA / ours.", "",
                   _table(["shape", "dtype", "ours us", "SDPA auto us", "eager us",
                           "SDPA/ours", "by round", "eager/ours", "note"], lines)]
+    if any("cost_s" in r for r in doc["rows"]):
+        parts += ["", costs(doc["rows"], cfg.get("reference_s") or {})]
     parts += ["", short(doc["summary"])]
     return "\n".join(parts) + "\n"
 
@@ -169,13 +188,55 @@ def _ratio_range(ratios):
     return f"{min(ratios):.2f}-{max(ratios):.2f}" if ratios else "–"
 
 
+def costs(rows, reference_s):
+    """Seconds per case: its rows, its reference, and what its skipped rows would have taken."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["dtype"], r["B"], r["H"], r["N"], r["dk"], r["dv"]), []).append(r)
+    lines = []
+    for (dtype, B, H, N, dk, dv), rs in groups.items():
+        ran = [r for r in rs if r["status"] != "skipped"]
+        skipped = [r for r in rs if r["status"] == "skipped"]
+        pred = [r["predicted_row_s"] for r in skipped if r.get("predicted_row_s")]
+        by_mode = {m: sum(r.get("cost_s") or 0 for r in ran if r["mode"] == m)
+                   for m in dict.fromkeys(r["mode"] for r in rs)}
+        lines.append([dtype, _shape(rs[0]), " · ".join(f"{m} {t:.1f}" for m, t in by_mode.items()),
+                      _ref_s(reference_s.get(f"{dtype} {B}x{H}x{N} {dk}x{dv}")),
+                      f"{len(skipped)}" + (f" (~{sum(pred):.0f} s)" if pred else "")])
+    return ("## cost: seconds each case took\n\nrows: every call of the run's rows, probes "
+            "included; reference: computed once per shape (a later dtype reuses it); skipped: "
+            "rows not run and the seconds predicted for them.\n\n"
+            + _table(["dtype", "shape", "rows s", "reference s", "skipped rows"], lines))
+
+
+def _ref_s(x):
+    return x if isinstance(x, str) else _f(x, ".1f")
+
+
+def _mb(x):
+    if x is None:
+        return "–"
+    return f"{x:.1f}" if x < 10 else f"{x:,.0f}"
+
+
 def short(summary):
-    lines = [[s["mode"], _shape(s), s["dtype"], _us(s["ours_us"]),
-              f"{s['best_peer'] or '–'}", _us(s["best_peer_us"]), _f(s["best_over_ours"], ".2f"),
-              _f(s["seed_over_ours"], ".1f")] for s in summary]
-    return "## summary: kernel time, ours vs the fastest peer\n\n" + _table(
-        ["mode", "shape", "dtype", "ours us", "best peer", "peer us", "peer/ours", "seed/ours"],
-        lines)
+    seed = any(s["seed_us"] for s in summary)
+    lines = []
+    for s in summary:
+        eager = _mb(s["eager_peak_mb"])
+        if s["eager_peak_mb"] is not None and s["eager_peak_predicted"]:
+            eager = f"~{eager} (skipped)"
+        ratio = (s["eager_peak_mb"] / s["ours_peak_mb"]
+                 if s["eager_peak_mb"] and s["ours_peak_mb"] and not s["eager_peak_predicted"] else None)
+        lines.append([s["dtype"], _shape(s), s["mode"], _us(s["ours_us"]), f"{s['best_peer'] or '–'}",
+                      _us(s["best_peer_us"]), _f(s["best_over_ours"], ".2f")]
+                     + ([_f(s["seed_over_ours"], ".1f")] if seed else [])
+                     + [_mb(s["ours_peak_mb"]), eager, _f(ratio, ".3g")])
+    header = (["dtype", "shape", "mode", "ours us", "best peer", "peer us", "peer/ours"]
+              + (["seed/ours"] if seed else []) + ["ours peak MB", "eager peak MB", "eager/ours peak"])
+    return ("## summary: kernel time, ours vs the fastest peer; peak memory, ours vs eager\n\n"
+            "peer/ours > 1: ours is faster. ~: the eager row was skipped; its predicted peak.\n\n"
+            + _table(header, lines))
 
 
 def merge(paths, prefix):

@@ -7,12 +7,16 @@ recorded by torch.profiler: a plain event loop around eager autograd calls at sm
 shapes measured Python, not the GPU. Capturing arbitrary third-party code is what broke
 the first GPU run, so it is not tried. CUDA events around an eager loop remain only as
 the fallback when the profiler fails.
+
+On the CPU there is one clock, the host's: kernel time is a timed loop of calls.
 """
 import math
 import statistics
 import time
 
 import torch
+
+import rss
 
 # Below this a call is short enough that host launch cost could show in a plain event
 # loop; above it the GPU queue stays full while Python enqueues the next call, and the
@@ -215,12 +219,23 @@ def kernel_time(fn, device, est_s, target_s, repeats, graph_ok=False):
 
 
 def with_peak_memory(fn, device):
-    """(result of one call, peak bytes allocated beyond what existed before the call)."""
+    """(result of one call, peak bytes beyond what existed before the call, its seconds).
+
+    CUDA: max_memory_allocated minus what was allocated before. CPU: the peak RSS the call
+    adds (rss.py); None where the kernel offers no resettable high-water mark.
+    """
     if device.type != "cuda":
-        return fn(), None
+        if rss.unavailable():
+            t0 = time.perf_counter()
+            result = fn()
+            return result, None, time.perf_counter() - t0
+        t0 = time.perf_counter()
+        result, peak = rss.peak_added(fn)
+        return result, peak, time.perf_counter() - t0
     sync(device)
     torch.cuda.reset_peak_memory_stats(device)
     base = torch.cuda.memory_allocated(device)
+    t0 = time.perf_counter()
     result = fn()
     sync(device)
-    return result, torch.cuda.max_memory_allocated(device) - base
+    return result, torch.cuda.max_memory_allocated(device) - base, time.perf_counter() - t0
