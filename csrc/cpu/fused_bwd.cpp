@@ -66,7 +66,11 @@ void bwd_typed(const AttnShape& s, const at::Tensor& dout_t, const at::Tensor& q
     }
   });
 
+  // Equal tiles rather than full ones and a ragged rest (fused_fwd.cpp).
+  const int64_t query_tiles = (N + kQueryTile - 1) / kQueryTile;
+  const int64_t query_rows = round_up_cols((N + query_tiles - 1) / query_tiles);
   const int64_t key_tiles = (N + kKeyTile - 1) / kKeyTile;
+  const int64_t key_rows = (N + key_tiles - 1) / key_tiles;
   const int64_t parts = tasks_per_head(BH, key_tiles);
   at::Tensor dq_parts = at::zeros({BH, parts, dk, n_pad}, fopts);
   float* dq_part_all = dq_parts.data_ptr<float>();
@@ -85,13 +89,14 @@ void bwd_typed(const AttnShape& s, const at::Tensor& dout_t, const at::Tensor& q
       float* dq_part = dq_part_all + task * dk * n_pad;
       const int64_t tile_begin = part * key_tiles / parts, tile_end = (part + 1) * key_tiles / parts;
       for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
-        const int64_t j0 = tile * kKeyTile, nk = std::min(kKeyTile, N - j0);
+        const int64_t j0 = tile * key_rows, nk = std::min(key_rows, N - j0);
+        if (nk <= 0) break;
         const FloatTile kj = float_tile(k, j0, nk, dk, kbuf.data());
         const FloatTile vj = float_tile(v, j0, nk, dv, vbuf.data());
         std::fill(dk_acc.begin(), dk_acc.end(), 0.f);
         std::fill(dv_acc.begin(), dv_acc.end(), 0.f);
-        for (int64_t r0 = 0; r0 < N; r0 += kQueryTile) {
-          const int64_t rows = std::min(kQueryTile, N - r0), cols = round_up_cols(rows);
+        for (int64_t r0 = 0; r0 < N; r0 += query_rows) {
+          const int64_t rows = std::min(query_rows, N - r0), cols = round_up_cols(rows);
           pack_transposed(q, r0, rows, dk, q_factor, qt.data(), cols);
           pack_rows(q, r0, rows, dk, q_rows.data(), rows, dk_pad);
           pack_transposed(d_o, r0, rows, dv, 1.f, dot.data(), cols);
