@@ -10,11 +10,15 @@ memory recorded, eager and patched in the same process. An eager run that runs o
 memory is reported as "OOM" (that is the point of the large sizes: at 8000 px the P5
 map has N = 62 500 tokens and the eager N x N matrix alone needs ~31 GB per head in fp16).
 
-Without a GPU it runs a tiny CPU version (yolo11n, 320 px, 3 timed steps, fp32) so the
-script itself stays tested.
+Without a GPU it runs fp32 inference only (eval, inference_mode, batch 1) of yolo11n and
+yolo11s at 640, 1280 and 2560 px, eager and patched: time per image, the time spent inside
+the Attention blocks (forward hooks: on a CPU every call is synchronous, so host time is
+their time) and the peak RSS one call adds (rss.py, on a call of its own). A training step
+on a CPU only with --train-sizes.
 
-Writes ``bench/results/bench_model_<device>.json`` and ``.md``, and PNGs through
-``bench/plots.py`` (model peak memory; kernel speedup from bench_attention.py's JSON).
+Writes ``bench/results/local/bench_model_<device>.json`` and ``.md`` (git ignores the
+folder), and PNGs through ``bench/plots.py`` (model peak memory; kernel speedup from
+bench_attention.py's JSON).
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ except ImportError:  # not installed: use the checkout this script lives in (bui
     sys.path.insert(0, str(HERE.parent))
     import psa_fa2_ext
 from psa_fa2_ext.patch import patch_ultralytics
+
+sys.path.insert(0, str(HERE))
+import rss  # noqa: E402
 
 MODES = ("eager", "psa_fa2")
 
@@ -94,6 +101,47 @@ def _measure(fn, device, warmup: int, iters: int) -> tuple[float, float | None]:
             times.append((time.perf_counter() - t) * 1e3)
     peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else None
     return statistics.median(times), peak
+
+
+def _attention_timer(model):
+    """(list that each Attention block's forward appends its seconds to, hook handles)."""
+    from ultralytics.nn.modules.block import Attention
+
+    spent, started = [], {}
+
+    def pre(m, args):
+        started[m] = time.perf_counter()
+
+    def post(m, args, out):
+        spent.append(time.perf_counter() - started.pop(m))
+
+    handles = []
+    for m in model.modules():
+        if isinstance(m, Attention):  # patched blocks too: the patch subclasses Attention
+            handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+    return spent, handles
+
+
+def _measure_cpu(fn, model, warmup: int, iters: int) -> dict:
+    """Median ms per call, median ms inside the Attention blocks, peak RSS MiB of one call."""
+    for _ in range(warmup):
+        fn()
+    # Its own call, before the timed ones: resetting the high-water mark is not free.
+    _, peak = rss.peak_added(fn) if not rss.unavailable() else (None, None)
+    spent, handles = _attention_timer(model)
+    times, attn = [], []
+    try:
+        for _ in range(iters):
+            spent.clear()
+            t = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t) * 1e3)
+            attn.append(sum(spent) * 1e3)
+    finally:
+        for h in handles:
+            h.remove()
+    return dict(time_ms=round(statistics.median(times), 3), attn_ms=round(statistics.median(attn), 3),
+                peak_rss_mib=None if peak is None else round(peak / 2**20, 1))
 
 
 def _build(scale: str):
@@ -151,14 +199,20 @@ def _infer_run(base, mode, imgsz, device, dtype, warmup, iters):
         with torch.inference_mode():
             model(x)
 
+    if device.type == "cpu":
+        return _measure_cpu(fwd, model, warmup, iters)
     return _measure(fwd, device, warmup, iters)
 
 
 def _run(job, fn, rows, device):
     row = dict(job)
     try:
-        ms, peak = fn()
-        row.update(status="ok", time_ms=round(ms, 3), peak_mib=None if peak is None else round(peak, 1))
+        res = fn()
+        if isinstance(res, dict):  # CPU inference: its own columns
+            row.update(status="ok", peak_mib=None, **res)
+        else:
+            ms, peak = res
+            row.update(status="ok", time_ms=round(ms, 3), peak_mib=None if peak is None else round(peak, 1))
     except Exception as e:  # noqa: BLE001 - one failed configuration must not end the run
         row.update(
             status="OOM" if _is_oom(e) else f"error: {type(e).__name__}: {str(e)[:200]}", time_ms=None, peak_mib=None
@@ -192,40 +246,55 @@ def _ratio(a, b, field):
 
 def markdown(results: dict) -> str:
     meta = results["meta"]
+    cpu_rows = any("attn_ms" in r for r in results["infer"])
+    memory = (
+        "memory is the peak RSS one inference call adds (activations and workspaces; the weights"
+        " were resident before it), measured on a call of its own; attn is the time inside the"
+        " Attention blocks"
+        if cpu_rows
+        else "memory is peak allocated (weights, activations, optimiser state)"
+    )
     lines = [
         "# YOLO11 model benchmark: eager attention vs psa_fa2",
         "",
         f"{meta['device']} · torch {meta['torch']} · ultralytics {meta['ultralytics']} · {meta['date']}",
         "",
-        (
-            "Ratios are eager / psa_fa2 (above 1: psa_fa2 is faster or smaller). Times are medians;"
-            " memory is peak allocated (weights, activations, optimiser state)."
-        ),
-        "",
-        f"## Training step ({meta['train_dtype']}, forward + loss + backward + SGD step)",
-        "",
-        "| model | imgsz | batch | P5 N | eager ms | psa_fa2 ms | speedup | eager MiB | psa_fa2 MiB | memory |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"Ratios are eager / psa_fa2 (above 1: psa_fa2 is faster or smaller). Times are medians; {memory}.",
     ]
+    if results["train"]:
+        lines += [
+            "",
+            f"## Training step ({meta['train_dtype']}, forward + loss + backward + SGD step)",
+            "",
+            "| model | imgsz | batch | P5 N | eager ms | psa_fa2 ms | speedup | eager MiB | psa_fa2 MiB | memory |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
     for (model, imgsz, bs), p in _pairs(results["train"], ("model", "imgsz", "batch")).items():
         e, f = p.get("eager"), p.get("psa_fa2")
         lines.append(
             f"| {model} | {imgsz} | {bs} | {(imgsz // 32) ** 2} | {_fmt(e, 'time_ms')} | {_fmt(f, 'time_ms')} | "
             f"{_ratio(e, f, 'time_ms')} | {_fmt(e, 'peak_mib')} | {_fmt(f, 'peak_mib')} | {_ratio(e, f, 'peak_mib')} |"
         )
-    lines += [
-        "",
-        f"## Inference ({meta['infer_dtype']}, BN fused, batch 1)",
-        "",
-        "| model | imgsz | P5 N | eager ms | psa_fa2 ms | speedup | eager MiB | psa_fa2 MiB | memory |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines += ["", f"## Inference ({meta['infer_dtype']}, BN fused, batch 1)", ""]
+    if cpu_rows:
+        lines += [
+            "| model | imgsz | P5 N | eager ms | psa_fa2 ms | speedup | eager attn ms | psa_fa2 attn ms |"
+            " attn speedup | eager RSS MiB | psa_fa2 RSS MiB | memory |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+    else:
+        lines += [
+            "| model | imgsz | P5 N | eager ms | psa_fa2 ms | speedup | eager MiB | psa_fa2 MiB | memory |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
     for (model, imgsz), p in _pairs(results["infer"], ("model", "imgsz")).items():
         e, f = p.get("eager"), p.get("psa_fa2")
-        lines.append(
-            f"| {model} | {imgsz} | {(imgsz // 32) ** 2} | {_fmt(e, 'time_ms')} | {_fmt(f, 'time_ms')} | "
-            f"{_ratio(e, f, 'time_ms')} | {_fmt(e, 'peak_mib')} | {_fmt(f, 'peak_mib')} | {_ratio(e, f, 'peak_mib')} |"
-        )
+        cells = [model, imgsz, (imgsz // 32) ** 2, _fmt(e, "time_ms"), _fmt(f, "time_ms"), _ratio(e, f, "time_ms")]
+        if cpu_rows:
+            cells += [_fmt(e, "attn_ms"), _fmt(f, "attn_ms"), _ratio(e, f, "attn_ms")]
+        mem = "peak_rss_mib" if cpu_rows else "peak_mib"
+        cells += [_fmt(e, mem), _fmt(f, mem), _ratio(e, f, mem)]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     errors = [r for r in results["train"] + results["infer"] if r["status"].startswith("error")]
     if errors:
         lines += ["", "## Errors", ""] + [f"- {r['model']} {r['mode']} {r['imgsz']} px: {r['status']}" for r in errors]
@@ -235,26 +304,35 @@ def markdown(results: dict) -> str:
 def main(argv=None) -> dict:
     cuda = torch.cuda.is_available()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["n", "s", "m"] if cuda else ["n"], help="YOLO11 scales")
+    ap.add_argument("--models", nargs="+", default=["n", "s", "m"] if cuda else ["n", "s"], help="YOLO11 scales")
     ap.add_argument(
         "--sizes",
         nargs="+",
         type=int,
-        default=[640, 1280, 4000, 8000] if cuda else [320],
+        default=[640, 1280, 4000, 8000] if cuda else [640, 1280, 2560],
         help="inference image sizes (multiples of 32)",
     )
-    ap.add_argument("--train-sizes", nargs="+", type=int, default=[640, 1280] if cuda else [320])
+    ap.add_argument(
+        "--train-sizes",
+        nargs="*",
+        type=int,
+        default=[640, 1280] if cuda else [],
+        help="training-step image sizes (default on a CPU: none)",
+    )
     ap.add_argument("--train-batch", type=int, default=16 if cuda else 1)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--iters", type=int, default=5 if cuda else 3)
     ap.add_argument("--big", type=int, default=2000, help="sizes from here on run 1 warm-up + 2 timed iterations")
-    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--out", default=str(HERE / "results" / "local"))
     ap.add_argument(
         "--attention-json",
         help="bench_attention.py's JSON for the kernel plot (default: the newest one in --out)",
     )
     ap.add_argument("--no-plots", action="store_true")
     args = ap.parse_args(argv)
+    for name, sizes in (("--sizes", args.sizes), ("--train-sizes", args.train_sizes)):
+        if any(s <= 0 or s % 32 for s in sizes):
+            ap.error(f"{name} must be positive multiples of 32 (the models' largest stride), got {sizes}")
 
     import ultralytics
 
