@@ -75,7 +75,8 @@ LONG_CALL_S = 1.0
 def row_seconds(call_s, cfg):
     """Seconds a row takes whose calls take call_s each (run_peer's schedule)."""
     if call_s > LONG_CALL_S:
-        return 2 * call_s   # the memory call, then one timed call
+        # CPU: one call, timed and measured at once; GPU: the memory call, then a timed one.
+        return (2 if cfg.device.type == "cuda" else 1) * call_s
     timed = max(2, cfg.repeats // 3) if call_s >= 0.5 else cfg.repeats
     loops = timed + (min(3, timed) if cfg.device.type == "cuda" else 0)   # + wall loops
     return (cfg.warmup + 1) * call_s + loops * max(cfg.target_s, call_s)
@@ -86,7 +87,9 @@ def run_peer(name, case, mode, q, k, v, dout, cfg, long_call=False):
 
     Calls: warm-up, one call for peak memory (and the outputs), then the timed calls. With
     long_call (the planner predicts calls over LONG_CALL_S), the memory call comes first and
-    is the warm-up: the same peer ran at a smaller shape before, so it is not a first use.
+    is the warm-up: the same peer ran at a smaller shape before, so it is not a first use. On
+    a CPU that call is also the timed one: a host clock around a call of seconds is the same
+    clock the timed call would read, and a second call would double the longest rows.
     """
     row = empty_row()
     device = case.device
@@ -141,13 +144,16 @@ def run_peer(name, case, mode, q, k, v, dout, cfg, long_call=False):
             outs = tuple(x.detach().cpu() for x in (res if isinstance(res, tuple) else (res,)))
             del res
             est = min(warm[1:] or warm)
-            if est > LONG_CALL_S:
-                repeats = 1
+            if long_call and device.type != "cuda":
+                kt, method, tnote = est, "host time of one call (the memory call itself)", ""
             else:
-                # Calls of half a second or more: few repeats, or one row would take minutes.
-                repeats = cfg.repeats if est < 0.5 else max(2, cfg.repeats // 3)
-            kt, method, tnote = timing.kernel_time(step, device, est, cfg.target_s, repeats,
-                                                   graph_ok=(name, mode) in peers.GRAPH_SAFE)
+                if est > LONG_CALL_S:
+                    repeats = 1
+                else:
+                    # Calls of half a second or more: few repeats, or one row would take minutes.
+                    repeats = cfg.repeats if est < 0.5 else max(2, cfg.repeats // 3)
+                kt, method, tnote = timing.kernel_time(step, device, est, cfg.target_s, repeats,
+                                                       graph_ok=(name, mode) in peers.GRAPH_SAFE)
             if device.type == "cuda":
                 n_wall = timing.iters_for(est, cfg.target_s)
                 wall = statistics.median(timing.host_time(step, device, n_wall)

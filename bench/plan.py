@@ -12,7 +12,10 @@ the work, B*H*N^2:
 Rows are skipped, with the prediction in their note, when
 - (CPU) the predicted peak exceeds MEMORY_SHARE of the memory the kernel reports available:
   a process that runs out of memory on a machine without swap is killed, results and all;
-- a time budget is set and the predicted calls would end after it.
+- a time budget is set and the predicted calls would end after it;
+- a cap per row is set and the predicted calls would take longer: the default CPU run keeps
+  to a few minutes by leaving out the rows of peers that take minutes at the largest shapes
+  (eager bf16's backward, SDPA's CPU flash backward in bf16), so that every shape still runs.
 """
 import dataclasses
 import math
@@ -46,9 +49,10 @@ def mem_available():
 
 
 class Planner:
-    def __init__(self, budget_s=None, memory_guard=True):
+    def __init__(self, budget_s=None, memory_guard=True, row_cap_s=None):
         self.t0 = time.perf_counter()
         self.budget_s = budget_s
+        self.row_cap_s = row_cap_s
         self.memory_guard = memory_guard
         self._seen = {}   # key -> {work: (seconds per call, peak bytes or None, label)}
 
@@ -91,6 +95,10 @@ class Planner:
         if avail and pred.peak_bytes is not None and pred.peak_bytes > MEMORY_SHARE * avail:
             return ("skipped", f"predicted peak {pred.peak_bytes / 2**30:.1f} GiB (from {pred.basis}) "
                                f"over {MEMORY_SHARE:g} x MemAvailable ({avail / 2**30:.1f} GiB)")
+        if self.row_cap_s is not None and seconds_needed > self.row_cap_s:
+            return ("skipped", f"predicted {seconds_needed:.0f} s ({pred.seconds:.2g} s per call, "
+                               f"from {pred.basis}), over the cap of {self.row_cap_s:g} s per row "
+                               "(--row-cap-s inf runs it)")
         left = self.left()
         if left is not None and seconds_needed > left:
             return ("skipped", f"predicted {seconds_needed:.0f} s ({pred.seconds:.2g} s per call, "
