@@ -13,8 +13,9 @@ map has N = 62 500 tokens and the eager N x N matrix alone needs ~31 GB per head
 Without a GPU it runs fp32 inference only (eval, inference_mode, batch 1) of yolo11n and
 yolo11s at 640, 1280 and 2560 px, eager and patched: time per image, the time spent inside
 the Attention blocks (forward hooks: on a CPU every call is synchronous, so host time is
-their time) and the peak RSS one call adds (rss.py, on a call of its own). A training step
-on a CPU only with --train-sizes.
+their time) and the peak RSS one call adds (rss.py, on a call of its own). The eager and
+patched models' timed calls alternate, so that the machine's drift lands on both. A
+training step on a CPU only with --train-sizes.
 
 Writes ``bench/results/local/bench_model_<device>.json`` and ``.md`` (git ignores the
 folder), and PNGs through ``bench/plots.py`` (model peak memory; kernel speedup from
@@ -204,6 +205,56 @@ def _infer_run(base, mode, imgsz, device, dtype, warmup, iters):
     return _measure(fwd, device, warmup, iters)
 
 
+def _infer_pair_cpu(base, imgsz, dtype, warmup, iters):
+    """{mode: columns} for eager and patched inference on a CPU, their timed calls interleaved.
+
+    A whole model's time on a shared 2-core machine drifts by more than the attention block's
+    share of it at 640 px, so the two models alternate call by call (the order flipping each
+    round): drift lands on both medians alike.
+    """
+    models, calls = {}, {}
+    x = torch.rand(1, 3, imgsz, imgsz, dtype=dtype)
+    for mode in MODES:
+        model = copy.deepcopy(base).eval().fuse(verbose=False).to(dtype=dtype)
+        if mode == "psa_fa2":
+            patch_ultralytics(model)
+        models[mode] = model
+
+        def fwd(model=model):
+            with torch.inference_mode():
+                model(x)
+        calls[mode] = fwd
+    out = {}
+    for mode in MODES:
+        for _ in range(warmup):
+            calls[mode]()
+        # Its own call, before the timed ones: resetting the high-water mark is not free.
+        _, peak = rss.peak_added(calls[mode]) if not rss.unavailable() else (None, None)
+        out[mode] = dict(times=[], attn=[], peak_rss_mib=None if peak is None else round(peak / 2**20, 1))
+    timers = {mode: _attention_timer(models[mode]) for mode in MODES}
+    try:
+        for i in range(iters):
+            for mode in (MODES if i % 2 == 0 else MODES[::-1]):
+                spent = timers[mode][0]
+                spent.clear()
+                t = time.perf_counter()
+                calls[mode]()
+                out[mode]["times"].append((time.perf_counter() - t) * 1e3)
+                out[mode]["attn"].append(sum(spent) * 1e3)
+    finally:
+        for _, handles in timers.values():
+            for h in handles:
+                h.remove()
+    return {mode: dict(time_ms=round(statistics.median(r["times"]), 3),
+                       attn_ms=round(statistics.median(r["attn"]), 3), peak_rss_mib=r["peak_rss_mib"])
+            for mode, r in out.items()}
+
+
+def _cpu_iters(imgsz):
+    """Timed rounds per size on a CPU: enough for a stable median where a call is short."""
+    return 9 if imgsz <= 640 else 5 if imgsz <= 1280 else 3
+
+
 def _run(job, fn, rows, device):
     row = dict(job)
     try:
@@ -321,7 +372,8 @@ def main(argv=None) -> dict:
     )
     ap.add_argument("--train-batch", type=int, default=16 if cuda else 1)
     ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--iters", type=int, default=5 if cuda else 3)
+    ap.add_argument("--iters", type=int, default=5 if cuda else None,
+                    help="timed iterations (CPU default by size: 9 at 640 px, 5 to 1280, 3 above)")
     ap.add_argument("--big", type=int, default=2000, help="sizes from here on run 1 warm-up + 2 timed iterations")
     ap.add_argument("--out", default=str(HERE / "results" / "local"))
     ap.add_argument(
@@ -351,20 +403,36 @@ def main(argv=None) -> dict:
             "train_dtype": "AMP fp16" if amp else "fp32",
             "infer_dtype": str(infer_dtype).removeprefix("torch."),
             "warmup": args.warmup,
-            "iters": args.iters,
+            "iters": args.iters if args.iters else "9 / 5 / 3 (to 640 / 1280 px / above), eager and patched interleaved",
         },
         "train": [],
         "infer": [],
     }
 
     jobs = [("train", s, sz, m) for s in args.models for sz in args.train_sizes for m in MODES]
-    jobs += [("infer", s, sz, m) for s in args.models for sz in args.sizes for m in MODES]
+    if cuda:
+        jobs += [("infer", s, sz, m) for s in args.models for sz in args.sizes for m in MODES]
+    else:  # both modes in one job, interleaved (_infer_pair_cpu)
+        jobs += [("infer", s, sz, "both") for s in args.models for sz in args.sizes]
     base, base_scale = None, None
     for kind, scale, imgsz, mode in _progress(jobs, "bench_model"):
         if scale != base_scale:  # build each model once, copy it per run
             base, base_scale = _build(scale), scale
-        warmup, iters = (min(args.warmup, 1), min(args.iters, 2)) if imgsz >= args.big else (args.warmup, args.iters)
+        n_iters = args.iters or 3
+        warmup, iters = (min(args.warmup, 1), min(n_iters, 2)) if imgsz >= args.big else (args.warmup, n_iters)
         job = {"model": f"yolo11{scale}", "mode": mode, "imgsz": imgsz}
+        if mode == "both":
+            iters = args.iters or _cpu_iters(imgsz)
+            try:
+                pair = _infer_pair_cpu(base, imgsz, infer_dtype, warmup, iters)
+                for m in MODES:
+                    results[kind].append(dict(job, mode=m, status="ok", peak_mib=None, **pair[m]))
+            except Exception as e:  # noqa: BLE001 - one failed configuration must not end the run
+                for m in MODES:
+                    results[kind].append(dict(job, mode=m, status=f"error: {type(e).__name__}: {str(e)[:200]}",
+                                              time_ms=None, peak_mib=None))
+            _free(device)
+            continue
         if kind == "train":
             job["batch"] = args.train_batch
             fn = functools.partial(_train_run, base, mode, imgsz, args.train_batch, device, amp, warmup, iters)
