@@ -114,6 +114,18 @@ def test_copies_agree():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_impls_agree(dtype):
+    """impl="fast" (fused) and "reference" (blockwise matmuls) are two implementations of the
+    same op; "auto" is the fused one for these dtypes."""
+    _, q, k, v = make_qkv(2, 2, 300, 32, 64, dtype, "cpu", "channel_first")
+    out = {impl: torch.ops.psa_fa2.fwd(q, k, v, 0.2, impl) for impl in ("auto", "fast", "reference")}
+    assert torch.equal(out["auto"][0], out["fast"][0])
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(out["fast"][0], out["reference"][0], **tol)
+    torch.testing.assert_close(out["fast"][1], out["reference"][1], rtol=1e-5, atol=1e-5)
+
+
 def test_force_rejects_unknown_isa():
     with pytest.raises(ValueError, match="isa must be"):
         with _testing.cpu_isa("avx512"):

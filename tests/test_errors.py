@@ -90,9 +90,10 @@ def test_bad_impl(device):
         fwd(*qkv(device), impl="quick")
 
 
-def test_fast_impl_on_cpu_is_an_error():
-    with pytest.raises(RuntimeError, match=r"impl=\"fast\" needs CUDA tensors"):
-        fwd(*qkv("cpu"), impl="fast")
+def test_fast_impl_on_cpu_needs_a_fused_dtype():
+    with pytest.raises(RuntimeError, match=r"impl=\"fast\" on the CPU needs float32, bfloat16 or "
+                                           r"float16 inputs, got Double"):
+        fwd(*qkv("cpu", dtype=torch.float64), impl="fast")
 
 
 @pytest.mark.parametrize("device", DEVICES)
