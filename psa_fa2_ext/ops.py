@@ -24,7 +24,9 @@ def fwd(q: Tensor, k: Tensor, v: Tensor, scale: float, impl: str = "auto") -> tu
             float16), one device, and one layout, token-major or channel-first.
         scale: the softmax scale.
         impl: ``"auto"`` (fast kernel where one exists), ``"fast"`` (error if none) or
-            ``"reference"`` (the one-CTA-per-row kernel; CUDA).
+            ``"reference"`` (CUDA: the one-CTA-per-row kernel; CPU: blockwise ``at::matmul``).
+            On the CPU the fast kernels are the fused tile kernels (float32, bfloat16,
+            float16); float64 runs blockwise.
 
     Returns:
         ``out`` ``[B, H, N, dv]`` in the inputs' layout and ``lse`` ``[B, H, N]`` (natural
