@@ -64,14 +64,17 @@ PSA_INLINE vec8 exp2v(vec8 x) {
 }
 
 // One MR x 16 block of C: 2 * MR accumulators, two B vectors and one broadcast A value live
-// in registers (15 of AVX2's 16 at MR = 6).
+// in registers (15 of AVX2's 16 at MR = 6). The accumulators start from zero and are added
+// to C at the end: a sum over one tile's kdim terms, then one add per tile. Chaining every
+// FMA onto C instead makes one sequential sum over all N keys, whose rounding grows with
+// sqrt(N): 4-5e-6 relative at N = 12 800 against 1e-6 this way.
 template <int MR>
 PSA_INLINE void micro_tile(int64_t kdim, const float* a, int64_t a_si, int64_t a_sk, const float* b,
-                       int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+                           int64_t ldb, float* c, int64_t ldc, bool accumulate) {
   vec8 c0[MR], c1[MR];
   PSA_UNROLL for (int i = 0; i < MR; ++i) {
-    c0[i] = accumulate ? load(c + i * ldc) : vec8{};
-    c1[i] = accumulate ? load(c + i * ldc + 8) : vec8{};
+    c0[i] = vec8{};
+    c1[i] = vec8{};
   }
   for (int64_t k = 0; k < kdim; ++k) {
     const vec8 b0 = load(b + k * ldb), b1 = load(b + k * ldb + 8);
@@ -83,8 +86,8 @@ PSA_INLINE void micro_tile(int64_t kdim, const float* a, int64_t a_si, int64_t a
     }
   }
   PSA_UNROLL for (int i = 0; i < MR; ++i) {
-    store(c + i * ldc, c0[i]);
-    store(c + i * ldc + 8, c1[i]);
+    store(c + i * ldc, accumulate ? load(c + i * ldc) + c0[i] : c0[i]);
+    store(c + i * ldc + 8, accumulate ? load(c + i * ldc + 8) + c1[i] : c1[i]);
   }
 }
 
