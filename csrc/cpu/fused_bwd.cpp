@@ -25,7 +25,6 @@ namespace {
 // in L2 while the gemms sweep them.
 constexpr int64_t kQueryTile = 128;
 constexpr int64_t kKeyTile = 64;
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Tasks per head: 1 when the heads alone keep every thread busy; else the key tiles of a
 // head are split over ceil(threads / heads) tasks, each with its own dq sums.
@@ -138,8 +137,8 @@ void bwd_typed(const AttnShape& s, const at::Tensor& dout_t, const at::Tensor& q
                        true);
         }
         const float scale_f = static_cast<float>(scale);
-        store_rows(dk_acc.data(), dk_pad, nk, dk, scale_f, head_view<T>(dk_t, b, h), j0, true);
-        store_rows(dv_acc.data(), dv_pad, nk, dv, 1.f, head_view<T>(dv_t, b, h), j0, false);
+        store_tile(dk_acc.data(), dk_pad, 1, nk, dk, scale_f, head_view<T>(dk_t, b, h), j0, true);
+        store_tile(dv_acc.data(), dv_pad, 1, nk, dv, 1.f, head_view<T>(dv_t, b, h), j0, false);
       }
     }
   });
@@ -152,8 +151,8 @@ void bwd_typed(const AttnShape& s, const at::Tensor& dout_t, const at::Tensor& q
         const float* other = first + part * dk * n_pad;
         for (int64_t i = 0; i < dk * n_pad; ++i) first[i] += other[i];
       }
-      store_transposed(first, n_pad, N, dk, static_cast<float>(scale),
-                       head_view<T>(dq_t, bh / H, bh % H), 0, true);
+      store_tile(first, 1, n_pad, N, dk, static_cast<float>(scale),
+                 head_view<T>(dq_t, bh / H, bh % H), 0, true);
     }
   });
 }

@@ -24,8 +24,6 @@ namespace {
 // re-read every key more often, larger ones leave a 2-core machine idle at N = 400.
 constexpr int64_t kQueryTile = 128;
 constexpr int64_t kKeyTile = 128;
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 template <typename T>
 void fwd_typed(const AttnShape& s, const at::Tensor& q_t, const at::Tensor& k_t,
@@ -70,7 +68,7 @@ void fwd_typed(const AttnShape& s, const at::Tensor& q_t, const at::Tensor& k_t,
       for (int64_t r = 0; r < rows; ++r) alpha[r] = 1.f / l[r];
       for (int64_t r = rows; r < cols; ++r) alpha[r] = 0.f;
       tm.scale_columns(dv, cols, ot.data(), alpha.data());
-      store_transposed(ot.data(), cols, rows, dv, 1.f, head_view<T>(out_t, b, h), r0, false);
+      store_tile(ot.data(), 1, cols, rows, dv, 1.f, head_view<T>(out_t, b, h), r0, false);
       float* lse = lse_all + bh * N + r0;
       for (int64_t r = 0; r < rows; ++r) lse[r] = (m[r] + std::log2(l[r])) * kLn2;
     }

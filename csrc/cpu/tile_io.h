@@ -81,32 +81,14 @@ void pack_rows(const HeadView<const T>& x, int64_t n0, int64_t rows, int64_t dep
   }
 }
 
-// y(n0 + r, d) = factor * src[d][r] (+ y when accumulate), for r < rows, d < depth: a
-// [depth][ld] buffer of columns written back into a head of any layout and dtype.
+// y(n0 + r, d) = factor * src[r * src_sr + d * src_sd] (+ y when accumulate), for r < rows and
+// d < depth: an fp32 buffer of rows (src_sd = 1) or of columns (src_sr = 1) written back into
+// a head of any layout and dtype, in the order of y's memory.
 template <typename T>
-void store_transposed(const float* src, int64_t ld, int64_t rows, int64_t depth, float factor,
-                      const HeadView<T>& y, int64_t n0, bool accumulate) {
+void store_tile(const float* src, int64_t src_sr, int64_t src_sd, int64_t rows, int64_t depth,
+                float factor, const HeadView<T>& y, int64_t n0, bool accumulate) {
   auto put = [&](int64_t r, int64_t d) {
-    float value = factor * src[d * ld + r];
-    T& out = y.at(n0 + r, d);
-    if (accumulate) value += static_cast<float>(out);
-    out = static_cast<T>(value);
-  };
-  if (y.sn == 1) {
-    for (int64_t d = 0; d < depth; ++d)
-      for (int64_t r = 0; r < rows; ++r) put(r, d);
-  } else {
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t d = 0; d < depth; ++d) put(r, d);
-  }
-}
-
-// y(n0 + r, d) = factor * src[r][d] (+ y when accumulate): a [rows][ld] buffer of rows.
-template <typename T>
-void store_rows(const float* src, int64_t ld, int64_t rows, int64_t depth, float factor,
-                const HeadView<T>& y, int64_t n0, bool accumulate) {
-  auto put = [&](int64_t r, int64_t d) {
-    float value = factor * src[r * ld + d];
+    float value = factor * src[r * src_sr + d * src_sd];
     T& out = y.at(n0 + r, d);
     if (accumulate) value += static_cast<float>(out);
     out = static_cast<T>(value);

@@ -24,6 +24,10 @@ constexpr int64_t kCols = 16;
 
 inline int64_t round_up_cols(int64_t n) { return (n + kCols - 1) / kCols * kCols; }
 
+// The scores are kept in log2 units (exp2 is what the tile math computes).
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
 struct TileMath {
   // C[m][0:n] (+)= sum_k A(i, k) B[k][0:n], n a multiple of kCols. A is read one element at a
   // time (a[i * a_si + k * a_sk], any strides: a K or V tile in its own layout); B and C are
