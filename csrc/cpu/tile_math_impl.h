@@ -27,9 +27,8 @@ namespace {
 using vec8 = float __attribute__((vector_size(32)));
 using ivec8 = int32_t __attribute__((vector_size(32)));
 #define PSA_UNROLL _Pragma("GCC unroll 16")
-// Every helper is inlined into the cloned function that calls it, and so is compiled for
-// that clone's target; a helper left out of line would run baseline code (no FMA, 16
-// registers of half the width) inside the AVX2 clone.
+// Every helper is inlined into the function that calls it: the loops' vector code must
+// all be one function's, so that the compiler keeps the vectors in registers.
 #define PSA_INLINE inline __attribute__((always_inline))
 
 PSA_INLINE vec8 load(const float* p) {
