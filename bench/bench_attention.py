@@ -157,12 +157,17 @@ def flops(B, H, N, dk, dv, mode):
 def make_inputs(case, B, H, N, seed):
     """qkv [B, H*(2dk+dv), h, w] and dout [B, H, dv, N]."""
     # A CPU generator: the same numbers on every device, and no use of the CUDA generator,
-    # whose state a peer's failed graph capture could have broken. Rounded to bf16, so that
-    # the fp32 and bf16 runs of a shape hold the same numbers and share one float64 reference.
+    # whose state a peer's failed graph capture could have broken. Rounded to bf16 for the
+    # 16-bit rows and for every CPU row, so that a shape's runs hold the same numbers and share
+    # one float64 reference (on a CPU a second one costs ~17 s at 25 600 tokens). fp32 rows on
+    # a GPU keep full fp32 values: TF32 rounding of bf16-exact operands would be exact and
+    # hide its error.
     gen = torch.Generator().manual_seed(seed)
     h, w = grid(N)
-    qkv = torch.randn(B, H * (2 * case.dk + case.dv), h, w, generator=gen).bfloat16()
-    dout = torch.randn(B, H, case.dv, N, generator=gen).bfloat16()
+    qkv = torch.randn(B, H * (2 * case.dk + case.dv), h, w, generator=gen)
+    dout = torch.randn(B, H, case.dv, N, generator=gen)
+    if case.dtype in (torch.bfloat16, torch.float16) or case.device.type == "cpu":
+        qkv, dout = qkv.bfloat16(), dout.bfloat16()
     return qkv.to(case.device, case.dtype), dout.to(case.device, case.dtype)
 
 
@@ -400,9 +405,10 @@ def config_doc(cfg):
                           + (f"; so is a row predicted to take over {cfg.row_cap_s:g} s"
                              if cfg.row_cap_s else "")),
                 float32_matmul_precision={k: v[1] for k, v in DTYPES.items() if k in cfg.dtypes},
-                reference="float64 eager math of the same inputs (bf16-exact values, so one "
-                          "reference serves every dtype of a shape), over blocks of query rows "
-                          "(every row, every key), computed after the case's rows",
+                reference="float64 eager math of the same inputs (bf16-exact values for 16-bit "
+                          "rows and for every CPU row, so those of a shape share one reference; "
+                          "full fp32 values for GPU fp32 rows), over blocks of query rows (every "
+                          "row, every key), computed after the case's rows",
                 reference_s=cfg.reference_s, stopped_early=None)
 
 

@@ -54,7 +54,8 @@ def reference(q, k, v, scale, dout=None):
 
 class Cache:
     """References by their inputs' values: runs of one shape in several dtypes whose inputs
-    hold the same numbers (the benchmark draws bf16-exact values) share one reference."""
+    hold the same numbers (bf16-exact values, as the benchmark draws them for 16-bit and CPU
+    rows) share one reference; other inputs miss and get their own."""
 
     def __init__(self):
         self._entries = {}

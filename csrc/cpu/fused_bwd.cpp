@@ -80,9 +80,9 @@ void bwd_typed(const AttnShape& s, const at::Tensor& dout_t, const at::Tensor& q
       float* dot = q_rows + q_rows_size;
       float* do_rows = dot + dot_size;
       pack_transposed(q, r0, rows, dk, q_factor, qt, cols);
-      pack_rows(q, r0, rows, dk, q_rows, rows, dk_pad);
+      pack_rows(q, r0, rows, dk, q_rows, dk_pad);
       pack_transposed(d_o, r0, rows, dv, 1.f, dot, cols);
-      pack_rows(d_o, r0, rows, dv, do_rows, rows, dv_pad);
+      pack_rows(d_o, r0, rows, dv, do_rows, dv_pad);
       for (int64_t r = 0; r < rows; ++r) {
         float sum = 0.f;
         for (int64_t c = 0; c < dv; ++c)

@@ -70,14 +70,14 @@ void pack_transposed(const HeadView<const T>& x, int64_t n0, int64_t rows, int64
   }
 }
 
-// dst[r][d] = x(n0 + r, d) for r < rows and d < depth, 0 up to [rows_pad][ld].
+// dst[r][d] = x(n0 + r, d) for r < rows and d < depth, 0 for depth <= d < ld.
 template <typename T>
 void pack_rows(const HeadView<const T>& x, int64_t n0, int64_t rows, int64_t depth, float* dst,
-               int64_t rows_pad, int64_t ld) {
-  std::memset(dst, 0, rows_pad * ld * sizeof(float));
+               int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) {
     float* out = dst + r * ld;
     for (int64_t d = 0; d < depth; ++d) out[d] = static_cast<float>(x.at(n0 + r, d));
+    std::memset(out + depth, 0, (ld - depth) * sizeof(float));
   }
 }
 
