@@ -85,7 +85,7 @@ def extension():
         ("PSA_FA2_TORCH_VERSION", f'"{torch.__version__}"'),
     ]
     # torch picks the C++ standard its headers need. Its ISO mode turns off the contraction
-    # of a * b + c into one FMA, which the CPU tile math (csrc/cpu/tile_math.cpp) is built on.
+    # of a * b + c into one FMA, which the CPU tile math (csrc/cpu/tile_math_impl.h) is built on.
     cxx_flags = ["-O3", "-ffp-contract=fast"]
     if sys.platform.startswith("linux") and torch.backends.openmp.is_available():
         # at::parallel_for is a header template: without -fopenmp its OpenMP loop compiles to
