@@ -23,8 +23,9 @@ import rss
 # row takes the clock of the peers that cannot be captured (FA4, Flex): the profiler's
 # kernel sum. A replay is the slower clock there: on two H100s, a replay of 32 calls of our
 # forward at 1,2,62500 (3.1 ms) read 0.6-8.5% above their kernel sum in every round
-# (bench/tune/timing_methods.py, bench/results/h100-2026-12-06-8d2fe5d), so a replayed row
-# beside a profiled one would compare two clocks rather than two kernels.
+# (bench/tune/timing_methods.py, measured at 8d2fe5d; git history:
+# bench/results/h100-2026-12-06-8d2fe5d at 28fac21), so a replayed row beside a profiled one
+# would compare two clocks rather than two kernels.
 GRAPH_BELOW_S = 1e-3
 # Calls captured into one graph; replays of it cover the rest of the iterations, which
 # keeps capture (and the graph's node count) small while one replay per 32 calls is free.
