@@ -4,10 +4,8 @@ import pytest
 import torch
 
 import psa_fa2_ext
-from helpers import HAS_CUDA, assert_close_to_reference, make_qkv, requires_cuda
+from helpers import DEVICES, HAS_CUDA, assert_close_to_reference, make_qkv, requires_cuda
 from psa_fa2_ext.reference import attention_eager, psa_attention_eager
-
-DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
 
 
 @pytest.mark.parametrize("device", DEVICES)

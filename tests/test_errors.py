@@ -3,9 +3,7 @@ import pytest
 import torch
 
 import psa_fa2_ext
-from helpers import requires_cuda
-
-DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+from helpers import DEVICES, requires_cuda
 
 
 def qkv(device, B=2, H=2, N=10, dk=8, dv=16, dtype=torch.float32):

@@ -9,10 +9,10 @@ import torch
 
 import psa_fa2_ext
 from helpers import (LAYOUTS, assert_close_to_reference, assert_lse_close,
-                     assert_within_tf32_rounding, batch_heads, forward_reference, grads_reference,
-                     lse_reference_tf32, make_qkv, poison_cuda_allocator, rel_err, requires_cuda)
+                     assert_within_tf32_rounding, batch_heads, check_backward, check_forward,
+                     forward_reference, grads_reference, lse_reference_tf32, make_qkv,
+                     poison_cuda_allocator, rel_err, requires_cuda)
 from psa_fa2_ext.reference import attention_eager, lse_eager
-from test_attention import check_backward, check_forward
 
 pytestmark = requires_cuda
 
