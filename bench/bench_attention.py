@@ -14,9 +14,9 @@ JIT peers) does not reliably fit one 10-minute command. Run it one dtype per com
 each stopping before its limit, then merge:
 
     for d in bf16 fp16 fp32 fp32-tf32; do
-      python bench/bench_attention.py --dtypes $d --budget-s 420 --out bench/results/full-$d
+      python bench/bench_attention.py --dtypes $d --budget-s 420 --out bench/results/local/full-$d
     done
-    python bench/report.py bench/results/full-*.json --out bench/results/full
+    python bench/report.py bench/results/local/full-*.json --out bench/results/local/full
 
 --budget-s stops new cases from starting, and skips a row whose calls, predicted from the
 rows before it (plan.py), would end after it (the report lists both; rerun them with
