@@ -78,7 +78,10 @@ def nvidia_wheel_includes():
 
 
 def extension():
-    sources = ["csrc/ops.cpp", "csrc/psa_attention.cpp", "csrc/blockwise_attention.cpp"]
+    # The plan (which kernel a CUDA call runs) is plain C++: every build has it, so it can be
+    # printed and tested without a GPU.
+    sources = ["csrc/ops.cpp", "csrc/autograd/psa_attention.cpp", "csrc/blockwise_attention.cpp",
+               "csrc/cuda/plan.cpp"]
     sources += sorted(glob.glob("csrc/cpu/*.cpp"))
     define_macros = [
         ("PSA_FA2_VERSION", f'"{VERSION}"'),
@@ -96,7 +99,9 @@ def extension():
         return CppExtension("psa_fa2_ext._C", sources, define_macros=define_macros,
                             extra_compile_args={"cxx": cxx_flags})
     archs = cuda_arch_list()
-    sources += sorted(glob.glob("csrc/cuda/*.cpp")) + sorted(glob.glob("csrc/cuda/*.cu"))
+    sources += [f for f in sorted(glob.glob("csrc/cuda/*.cpp")) if f not in sources]
+    sources += sorted(glob.glob("csrc/cuda/*.cu")) + sorted(glob.glob("csrc/cuda/kernels/*.cu"))
+    sources += sorted(glob.glob("csrc/cuda/instances/*.cu"))
     define_macros += [("PSA_FA2_WITH_CUDA", None), ("PSA_FA2_CUDA_ARCHS", f'"{archs}"')]
     if any(a.split("+")[0] == "9.0a" for a in archs.replace(" ", ";").split(";")):
         # The Hopper kernels are built (their bodies exist in the sm_90a code only).

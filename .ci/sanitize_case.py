@@ -5,12 +5,12 @@ The parts (all by default): families (every bf16 kernel family, both layouts), i
 Hopper kernels on tile images, bulk copies and mbarriers), fp32, autograd. racecheck of all of
 them takes minutes; of one part, seconds to a minute."""
 import itertools
-import os
 import sys
 
 import torch
 
 import psa_fa2_ext
+from psa_fa2_ext import _testing
 
 
 def channel_first_views(N, dtype=torch.bfloat16, B=1, H=2, dk=32, dv=64):
@@ -31,20 +31,19 @@ def forward_backward(q, k, v, impl="fast", deterministic=False):
 
 def families():
     # On Hopper the bf16 forward and schedule (a) of the backward are the wgmma kernels;
-    # PSA_FA2_DISABLE_SM90=1 runs the mma.sync ones.
-    for disable_sm90, layout in itertools.product(("0", "1"), ("channel_first", "token_major")):
-        os.environ["PSA_FA2_DISABLE_SM90"] = disable_sm90
-        # 2-, 16-, 4- and 8-byte channel-first copies; at 401 the wgmma forward copies K and V to
-        # aligned rows first (copy_rows.cu), at 1601 the wgmma backward Q and dO too.
-        for N in (97, 400, 402, 1004, 401, 1601):
-            for impl, deterministic in (("fast", False), ("fast", True), ("reference", False)):
-                if layout == "channel_first":
-                    q, k, v = channel_first_views(N)
-                else:
-                    x = torch.randn(1, 2, N, 128, device="cuda", dtype=torch.bfloat16)
-                    q, k, v = x.split([32, 32, 64], dim=3)
-                forward_backward(q, k, v, impl, deterministic)
-    os.environ.pop("PSA_FA2_DISABLE_SM90")
+    # forcing no_sm90 runs the mma.sync ones.
+    for no_sm90, layout in itertools.product((False, True), ("channel_first", "token_major")):
+        with _testing.force(no_sm90=no_sm90):
+            # 2-, 16-, 4- and 8-byte channel-first copies; at 401 the wgmma forward copies K and
+            # V to aligned rows first (copy_rows.cu), at 1601 the wgmma backward Q and dO too.
+            for N in (97, 400, 402, 1004, 401, 1601):
+                for impl, deterministic in (("fast", False), ("fast", True), ("reference", False)):
+                    if layout == "channel_first":
+                        q, k, v = channel_first_views(N)
+                    else:
+                        x = torch.randn(1, 2, N, 128, device="cuda", dtype=torch.bfloat16)
+                        q, k, v = x.split([32, 32, 64], dim=3)
+                    forward_backward(q, k, v, impl, deterministic)
 
 
 def images():
@@ -52,22 +51,19 @@ def images():
     # warpgroups; Hopper): one partial tile, 26 tiles with a partial last one (2-byte Q / out rows)
     # and 26 whole ones (16-byte rows), 13 steps of two tiles for three warpgroups; at 1601 the
     # last CTA's third warpgroup has no rows. Each also with rising scores (tiles redone).
-    for warpgroups in ("2", "3"):
-        os.environ["PSA_FA2_KV_TILE_IMAGES"] = warpgroups
-        for N in (37, 1601, 1664):
+    for warpgroups, N in itertools.product((2, 3), (37, 1601, 1664)):
+        with _testing.force(kv_images="always", kv_image_warpgroups=warpgroups):
             q, k, v = channel_first_views(N)
             torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
             # Scores rising along the keys: the row max jumps, and tiles are redone.
             q[..., 0] = 1
             k[..., 0] = torch.linspace(0, 48 / (32 ** -0.5 * 1.4426950408889634), N, device="cuda")
             torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
-    os.environ.pop("PSA_FA2_KV_TILE_IMAGES")
     # The wgmma backward on stream images of Q and dO (bulk copies, mbarriers; Hopper): one partial
     # step, and 26 steps with a partial last one (2-byte K / V rows), on two heads.
-    os.environ["PSA_FA2_BWD_STREAM_IMAGES"] = "1"
-    for N in (37, 1601):
-        forward_backward(*channel_first_views(N))
-    os.environ.pop("PSA_FA2_BWD_STREAM_IMAGES")
+    with _testing.force(stream_images="always"):
+        for N in (37, 1601):
+            forward_backward(*channel_first_views(N))
 
 
 def fp32():

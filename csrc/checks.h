@@ -170,7 +170,6 @@ inline void zero_qk_grads(at::Tensor& dq, at::Tensor& dk) {
   dk.zero_();
 }
 
-enum class Impl { kAuto, kFast, kReference };
 
 inline Impl parse_impl(c10::string_view impl) {
   if (impl == "auto") return Impl::kAuto;

@@ -8,10 +8,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
+#include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cpu/tile_math.h"
+#include "cuda/plan.h"
 
 #ifndef PSA_FA2_VERSION
 #define PSA_FA2_VERSION "0.0.0"
@@ -26,7 +30,7 @@
 #ifdef PSA_FA2_WITH_CUDA
 #include <cuda_runtime_api.h>
 namespace psa_fa2 {
-std::vector<std::string> compiled_cuda_kernels();  // cuda/attention_cuda.cpp
+void set_plan_overrides(const PlanOverrides& overrides);  // cuda/launch.cpp
 }
 #endif
 
@@ -61,7 +65,11 @@ pybind11::dict build_info() {
   info["cuda_version"] = std::to_string(CUDART_VERSION / 1000) + "." +
                          std::to_string((CUDART_VERSION % 1000) / 10);
   info["cuda_archs"] = std::string(PSA_FA2_CUDA_ARCHS);
-  info["cuda_kernels"] = psa_fa2::compiled_cuda_kernels();
+#if defined(PSA_FA2_WITH_SM90A)
+  info["cuda_kernels"] = std::vector<std::string>{"reference", "mma.sync", "ffma", "tf32", "wgmma"};
+#else
+  info["cuda_kernels"] = std::vector<std::string>{"reference", "mma.sync", "ffma", "tf32"};
+#endif
 #else
   info["cuda"] = false;
   info["cuda_version"] = pybind11::none();
@@ -73,6 +81,107 @@ pybind11::dict build_info() {
   return info;
 }
 
+// A logical [B, H, N, D] tensor as the plan sees it: (byte offset from a 256-byte aligned base,
+// stride_b, stride_h, stride_n, stride_d). Only the offset's alignment matters to the plan.
+using TensorDesc = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>;
+
+psa_fa2::Strided4 strided_desc(const TensorDesc& t) {
+  const auto [offset, sb, sh, sn, sd] = t;
+  return {reinterpret_cast<void*>(uintptr_t(256 + offset)), sb, sh, sn, sd};
+}
+
+psa_fa2::DType dtype_from(const std::string& name) {
+  if (name == "float64") return psa_fa2::DType::kFloat64;
+  if (name == "float32") return psa_fa2::DType::kFloat32;
+  if (name == "bfloat16") return psa_fa2::DType::kBFloat16;
+  if (name == "float16") return psa_fa2::DType::kFloat16;
+  throw pybind11::value_error("dtype: expected float64, float32, bfloat16 or float16, got " + name);
+}
+
+psa_fa2::Impl impl_from(const std::string& name) {
+  if (name == "auto") return psa_fa2::Impl::kAuto;
+  if (name == "fast") return psa_fa2::Impl::kFast;
+  if (name == "reference") return psa_fa2::Impl::kReference;
+  throw pybind11::value_error("impl: expected auto, fast or reference, got " + name);
+}
+
+// What psa_fa2_ext._testing.force and _plan pass: the private PlanOverrides fields by name.
+psa_fa2::PlanOverrides overrides_from(const pybind11::dict& d) {
+  psa_fa2::PlanOverrides o;
+  auto choice = [](const std::string& c) {
+    if (c == "never") return psa_fa2::Choice::kNever;
+    if (c == "always") return psa_fa2::Choice::kAlways;
+    if (c == "auto") return psa_fa2::Choice::kAuto;
+    throw pybind11::value_error("expected auto, never or always, got " + c);
+  };
+  for (const auto& [key, value] : d) {
+    const std::string k = pybind11::str(key);
+    if (k == "no_sm90") o.no_sm90 = value.cast<bool>();
+    else if (k == "no_copies") o.no_copies = value.cast<bool>();
+    else if (k == "no_f32_kv_splits") o.no_f32_kv_splits = value.cast<bool>();
+    else if (k == "kv_images") o.kv_images = choice(value.cast<std::string>());
+    else if (k == "kv_image_warpgroups") o.kv_image_warpgroups = value.cast<int>();
+    else if (k == "stream_images") o.stream_images = choice(value.cast<std::string>());
+    else throw pybind11::value_error("unknown plan override: " + k);
+  }
+  return o;
+}
+
+// plan_fwd / plan_bwd (cuda/plan.h) for a described call and device; the same code the CUDA
+// ops run, compiled in every build. Returns (description, fields).
+pybind11::tuple plan_call(const std::string& direction, const std::string& dtype,
+                          bool channel_first, int batch, int heads, int seqlen, int dk, int dv,
+                          const std::vector<TensorDesc>& tensors, bool allow_tf32,
+                          bool deterministic, const std::string& impl,
+                          std::tuple<int, int, int, bool> device, const pybind11::dict& force) {
+  psa_fa2::DeviceDesc d;
+  std::tie(d.major, d.minor, d.multiprocessors, d.sm90_kernels) = device;
+  const psa_fa2::PlanOverrides o = overrides_from(force);
+  const psa_fa2::Layout layout =
+      channel_first ? psa_fa2::Layout::kChannelFirst : psa_fa2::Layout::kTokenMajor;
+  static int lse_storage;  // only its alignment is looked at
+  pybind11::dict fields;
+  if (direction == "fwd") {
+    if (tensors.size() != 4) throw pybind11::value_error("fwd: tensors are q, k, v, out");
+    psa_fa2::FwdParams p{};
+    p.q = strided_desc(tensors[0]), p.k = strided_desc(tensors[1]);
+    p.v = strided_desc(tensors[2]), p.out = strided_desc(tensors[3]);
+    p.lse = &lse_storage;
+    p.batch = batch, p.heads = heads, p.seqlen = seqlen, p.head_dim_qk = dk, p.head_dim_v = dv;
+    p.scale = 1.0 / std::sqrt(double(dk));
+    p.dtype = dtype_from(dtype), p.layout = layout, p.allow_tf32 = allow_tf32;
+    const psa_fa2::FwdPlan plan = psa_fa2::plan_fwd(p, impl_from(impl), d, o);
+    fields["kernel"] = int(plan.kernel);
+    fields["instance"] = plan.instance;
+    fields["copy"] = int(plan.copy);
+    fields["kv_splits"] = plan.kv_splits;
+    fields["no_fast_kernel"] = plan.no_fast_kernel;
+    return pybind11::make_tuple(psa_fa2::describe(plan), fields);
+  }
+  if (direction != "bwd") throw pybind11::value_error("direction: expected fwd or bwd");
+  if (tensors.size() != 8) {
+    throw pybind11::value_error("bwd: tensors are q, k, v, out, dout, dq, dk, dv");
+  }
+  psa_fa2::BwdParams p{};
+  psa_fa2::Strided4* all[] = {&p.q, &p.k, &p.v, &p.out, &p.dout, &p.dq, &p.dk, &p.dv};
+  for (int i = 0; i < 8; ++i) *all[i] = strided_desc(tensors[i]);
+  p.lse = &lse_storage;
+  p.batch = batch, p.heads = heads, p.seqlen = seqlen, p.head_dim_qk = dk, p.head_dim_v = dv;
+  p.scale = 1.0 / std::sqrt(double(dk));
+  p.dtype = dtype_from(dtype), p.layout = layout, p.allow_tf32 = allow_tf32;
+  p.deterministic = deterministic;
+  const psa_fa2::BwdPlan plan = psa_fa2::plan_bwd(p, impl_from(impl), d, o);
+  fields["kernel"] = int(plan.kernel);
+  fields["instance"] = plan.instance;
+  fields["copy"] = int(plan.copy);
+  fields["schedule"] = int(plan.schedule);
+  fields["f32_row_pieces"] = plan.f32_row_pieces;
+  fields["tail_pieces"] = plan.tail.pieces;
+  fields["workspace_bytes"] = plan.workspace_bytes;
+  fields["no_fast_kernel"] = plan.no_fast_kernel;
+  return pybind11::make_tuple(psa_fa2::describe(plan), fields);
+}
+
 }  // namespace
 
 // Importing the module runs the TORCH_LIBRARY registrations above and in the kernels' files.
@@ -82,4 +191,9 @@ PYBIND11_MODULE(_C, m) {
         "Version, torch version, which CUDA kernels were built, and the CPU kernels' ISA.");
   m.def("_force_cpu_isa", [](const std::string& isa) { psa_fa2::cpu::force_tile_math(isa.c_str()); },
         "Tests only: run the CPU tile math's \"avx2\" or \"baseline\" copy, or \"auto\".");
+  m.def("_plan", &plan_call, "The plan of a described call on a described device (cuda/plan.h).");
+#ifdef PSA_FA2_WITH_CUDA
+  m.def("_force", [](const pybind11::dict& d) { psa_fa2::set_plan_overrides(overrides_from(d)); },
+        "Tests only: plan the CUDA ops' calls with these overrides ({} for none).");
+#endif
 }

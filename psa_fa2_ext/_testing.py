@@ -14,3 +14,15 @@ def cpu_isa(isa: str):
         yield
     finally:
         _C._force_cpu_isa("auto")
+
+
+@contextlib.contextmanager
+def force(**overrides):
+    """Plan the CUDA ops' calls inside the block with csrc/cuda/plan.h's PlanOverrides:
+    no_sm90 (the mma.sync kernels Ampere runs, on Hopper too), no_copies, no_f32_kv_splits,
+    kv_images / stream_images ("auto", "never", "always") and kv_image_warpgroups (2 or 3)."""
+    _C._force(overrides)
+    try:
+        yield
+    finally:
+        _C._force({})

@@ -1,13 +1,18 @@
 """The fast kernels (impl="fast") against the float64 reference on the GPU: every fast
 (dk, dv), both layouts, bf16 / fp16 and fp32 (exact and TF32), odd N; determinism; 64-bit
 offsets."""
+import contextlib
 import math
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import psa_fa2_ext
+from psa_fa2_ext import _testing
 from helpers import (LAYOUTS, assert_close_to_reference, assert_lse_close,
                      assert_within_tf32_rounding, batch_heads, check_backward, check_forward,
                      forward_reference, grads_reference, lse_reference_tf32, make_qkv,
@@ -16,7 +21,28 @@ from psa_fa2_ext.reference import attention_eager, lse_eager
 
 pytestmark = requires_cuda
 
-FAST_HEAD_DIMS = [(32, 64), (16, 16), (32, 32), (64, 64), (64, 128), (128, 128)]
+
+@pytest.fixture
+def force():
+    """force(**overrides) plans this test's CUDA calls with csrc/cuda/plan.h's PlanOverrides
+    (psa_fa2_ext._testing.force) from then until the test ends; a later call replaces them."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **overrides: stack.enter_context(_testing.force(**overrides))
+
+
+def sm90_fwd(vec, kv_read, kv_vec):
+    """The wgmma forward instance reading Q / out at vec bytes and K / V as KVRead kv_read
+    (0 rows, 1 tile images of two warpgroups, 2 of three) at kv_vec bytes."""
+    return rf"flash_fwd_sm90_kernel<[^>]*, {vec}, \(psa_fa2::KVRead\){kv_read}, {kv_vec}>"
+
+
+def sm90_bwd(vec, stream_read, stream_vec):
+    """The wgmma backward instance: K, V and the rest at vec bytes, Q / dO as StreamRead
+    stream_read (0 rows, 1 stream images) at stream_vec bytes."""
+    return (rf"flash_bwd_sm90_kernel<[^>]*, {vec}, \(psa_fa2::StreamRead\){stream_read}, "
+            rf"{stream_vec}>")
+
+FAST_HEAD_DIMS = [(32, 64), (32, 32), (64, 64), (128, 128)]
 FAST_DTYPES = [torch.bfloat16, torch.float16]
 # Channel-first rows start at multiples of N elements: N % 8 == 0 gives 16-byte copies,
 # N % 4 == 0 (1004) 8-byte, N even (402) 4-byte, odd N 2-byte loads; every tail is partial.
@@ -42,7 +68,7 @@ def on_hopper():
 def runs_wgmma_kernels():
     """A Hopper GPU and a build with the sm_90a kernels (a build without 9.0a, such as
     TORCH_CUDA_ARCH_LIST=8.0+PTX, runs the mma.sync kernels there)."""
-    return on_hopper() and "flash_fwd_sm90" in psa_fa2_ext.build_info()["cuda_kernels"]
+    return on_hopper() and "wgmma" in psa_fa2_ext.build_info()["cuda_kernels"]
 
 
 def rising_scores_qkv(N, dtype, layout):
@@ -62,25 +88,25 @@ def rising_scores_qkv(N, dtype, layout):
 @layouts
 @dtypes
 @pytest.mark.parametrize("kernel", ["default", "mma_sync", "images2", "images3"])
-def test_forward_fast_rising_scores(N, dtype, layout, kernel, monkeypatch):
+def test_forward_fast_rising_scores(N, dtype, layout, kernel, force):
     """Also on the tile-image kernels (channel-first, forced at these N), which redo a tile
     when the max moves: the two-warpgroup one per warpgroup at its barrier, as the row
     kernels do; the three-warpgroup one per warp, on mma.sync."""
     if kernel == "mma_sync":
         if not runs_wgmma_kernels():
             pytest.skip("the default kernel is the mma.sync one where the wgmma one does not run")
-        monkeypatch.setenv("PSA_FA2_DISABLE_SM90", "1")
+        force(no_sm90=True)
     if kernel.startswith("images"):
         if not runs_wgmma_kernels():
             pytest.skip("the tile images feed the wgmma kernel (Hopper, sm_90a builds) only")
         if layout != "channel_first":
             pytest.skip("tile images are made of channel-first K and V")
-        monkeypatch.setenv("PSA_FA2_KV_TILE_IMAGES", kernel[-1])
+        force(kv_images="always", kv_image_warpgroups=int(kernel[-1]))
     q, k, v, scale = rising_scores_qkv(N, dtype, layout)
     if kernel.startswith("images"):
         code = KV_IMAGE_KERNELS[int(kernel[-1])]
         names = " ".join(cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")))
-        assert re.search(rf"flash_fwd_sm90_kernel<[^>]*, {code}>", names), names
+        assert re.search(sm90_fwd(r"\d+", code, 16), names), names
     poison_cuda_allocator(4 * q.numel() * 8, "cuda")
     out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")
     ref64, eager = forward_reference(q, k, v, scale)
@@ -117,7 +143,7 @@ def test_hopper_builds_run_the_wgmma_forward():
     if not on_hopper():
         pytest.skip("needs a compute capability 9.0 (Hopper) GPU")
     kernels = psa_fa2_ext.build_info()["cuda_kernels"]
-    assert "flash_fwd_sm90" in kernels and "flash_bwd_sm90" in kernels
+    assert "wgmma" in kernels
 
 
 def cuda_kernels_run(fn):
@@ -130,34 +156,52 @@ def cuda_kernels_run(fn):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_environment_selects_the_hopper_kernels(layout, monkeypatch):
+def test_plan_selects_the_hopper_kernels(layout, force):
     """By default Hopper runs the wgmma forward and the wgmma backward (schedule (a) only:
-    deterministic mode keeps the combined schedule); PSA_FA2_DISABLE_SM90=1 turns every wgmma
-    kernel off."""
+    deterministic mode keeps the combined schedule); no_sm90 turns every wgmma kernel off."""
     if not runs_wgmma_kernels():
         pytest.skip("needs a Hopper GPU and a build with sm_90a")
     grads = fast_backward(make_qkv(1, 2, 400, 32, 64, torch.bfloat16, "cuda", layout)[1:], False)
     q, k, v = make_qkv(1, 2, 400, 32, 64, torch.bfloat16, "cuda", layout)[1:]
 
-    def names(env, step):
-        monkeypatch.delenv("PSA_FA2_DISABLE_SM90", raising=False)
-        for name, value in env.items():
-            monkeypatch.setenv(name, value)
+    def names(overrides, step):
+        force(**overrides)
         return " ".join(sorted(cuda_kernels_run(step)))
 
     forward = lambda: torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")  # noqa: E731
     assert "flash_fwd_sm90_kernel" in names({}, forward)
-    assert "flash_fwd_sm90_kernel" not in names({"PSA_FA2_DISABLE_SM90": "1"}, forward)
+    assert "flash_fwd_sm90_kernel" not in names({"no_sm90": True}, forward)
     default_bwd = names({}, grads)
     assert "flash_bwd_sm90_kernel" in default_bwd and "bwd_atomic_dq_kernel" not in default_bwd
-    off = names({"PSA_FA2_DISABLE_SM90": "1"}, grads)
+    off = names({"no_sm90": True}, grads)
     assert "flash_bwd_sm90_kernel" not in off and "bwd_atomic_dq_kernel" in off
     deterministic = names({}, fast_backward((q, k, v), True))
     assert "flash_bwd_sm90_kernel" not in deterministic and "bwd_combined_kernel" in deterministic
 
 
+def test_environment_can_turn_the_hopper_kernels_off():
+    """PSA_FA2_DISABLE_SM90=1, read once when the process first plans a call, runs the mma.sync
+    kernels that Ampere runs."""
+    if not runs_wgmma_kernels():
+        pytest.skip("needs a Hopper GPU and a build with sm_90a")
+    script = (
+        "import torch, psa_fa2_ext\n"
+        "from torch.profiler import ProfilerActivity, profile\n"
+        "x = torch.randn(1, 2, 128, 400, device='cuda', dtype=torch.bfloat16)\n"
+        "q, k, v = (t.transpose(2, 3) for t in x.split([32, 32, 64], dim=2))\n"
+        "with profile(activities=[ProfilerActivity.CUDA]) as prof:\n"
+        "    torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, 'fast'); torch.cuda.synchronize()\n"
+        "print(' '.join(e.name for e in prof.events()))\n")
+    for value, wgmma in (("1", False), ("0", True)):
+        env = dict(os.environ, PSA_FA2_DISABLE_SM90=value)
+        names = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                               text=True, check=True).stdout
+        assert ("flash_fwd_sm90_kernel" in names) == wgmma, names
+        assert "flash_fwd_kernel" in names or wgmma, names
+
+
 # (N, width of the views' rows in bytes) where the Hopper kernels' callers copy the streamed
-# tensors to 128-byte aligned rows first (flash_fwd_dispatch.cu, flash_bwd_dispatch.cu), and
+# tensors to 128-byte aligned rows first (csrc/cuda/plan.cpp), and
 # below those thresholds, where they do not.
 FWD_ALIGNED_COPY_CASES = [(441, 2), (8193, 2), (1602, 4), (8194, 4), (6404, 8), (1608, 16)]
 BWD_ALIGNED_COPY_CASES = [(1601, 2), (6402, 4), (6404, 8), (6408, 16)]
@@ -179,7 +223,7 @@ def test_forward_wgmma_copies_kv_to_aligned_rows(N, vec, views, dtype):
     output and lse against float64."""
     if not runs_wgmma_kernels():
         pytest.skip("the aligned K / V copies feed the wgmma kernel (Hopper, sm_90a builds) only")
-    check_forward_on_kv_copies((1, 2), N, views, dtype, rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 16>")
+    check_forward_on_kv_copies((1, 2), N, views, dtype, sm90_fwd(vec, 0, 16))
 
 
 def check_forward_on_kv_copies(batch_heads, N, views, dtype, kernel_pattern):
@@ -209,26 +253,25 @@ def check_forward_on_kv_copies(batch_heads, N, views, dtype, kernel_pattern):
 # and 1602 the three-warpgroup kernel's third, while its second has 1 or 2 rows).
 KV_IMAGE_CASES = [(7, 2), (64, 16), (65, 2), (401, 2), (1600, 16), (1602, 4), (6404, 8),
                   (8193, 2)]
-# K / V width code of the image kernels (attention_params.h), by warpgroups per CTA.
-KV_IMAGE_KERNELS = {2: 0, 3: 1}
+# KVRead of the image kernels (attention_params.h), by warpgroups per CTA.
+KV_IMAGE_KERNELS = {2: 1, 3: 2}
 
 
 @pytest.mark.parametrize("N,vec", KV_IMAGE_CASES, ids=case_ids(KV_IMAGE_CASES))
 @pytest.mark.parametrize("views", ["split", "separate"])
 @pytest.mark.parametrize("warpgroups", list(KV_IMAGE_KERNELS))
 @dtypes
-def test_forward_wgmma_reads_kv_tile_images(N, vec, views, warpgroups, dtype, monkeypatch):
-    """With PSA_FA2_KV_TILE_IMAGES=2 / 3, K and V are copied to tile images (one copy for the
+def test_forward_wgmma_reads_kv_tile_images(N, vec, views, warpgroups, dtype, force):
+    """Forced to tile images of CTAs of 2 / 3 warpgroups, K and V are copied to tile images (one copy for the
     block's split views, two for separate tensors) and the wgmma kernel that bulk-copies them
-    into CTAs of that many warpgroups runs (K / V width 0 or 1; Q and out keep their vec-byte
+    into CTAs of that many warpgroups runs (Q and out keep their vec-byte
     accesses). Its output and lse against float64, on several heads (each has its own images)
     and NaN-filled memory."""
     if not runs_wgmma_kernels():
         pytest.skip("the tile images feed the wgmma kernel (Hopper, sm_90a builds) only")
-    monkeypatch.setenv("PSA_FA2_KV_TILE_IMAGES", str(warpgroups))
-    code = KV_IMAGE_KERNELS[warpgroups]
+    force(kv_images="always", kv_image_warpgroups=warpgroups)
     check_forward_on_kv_copies((2, 2), N, views, dtype,
-                               rf"flash_fwd_sm90_kernel<[^>]*, {vec}, {code}>")
+                               sm90_fwd(vec, KV_IMAGE_KERNELS[warpgroups], 16))
 
 
 LONG_ROW_IMAGE_CASES = [(12800, 16), (12801, 2)]
@@ -240,18 +283,17 @@ def test_forward_wgmma_reads_kv_tile_images_on_long_rows(N, vec):
     aligned rows as on 2-byte ones; at 12799, it does not."""
     if not runs_wgmma_kernels():
         pytest.skip("the tile images feed the wgmma kernel (Hopper, sm_90a builds) only")
-    check_forward_on_kv_copies((1, 1), N, "split", torch.bfloat16,
-                               rf"flash_fwd_sm90_kernel<[^>]*, {vec}, 0>")
+    check_forward_on_kv_copies((1, 1), N, "split", torch.bfloat16, sm90_fwd(vec, 1, 16))
     _, q, k, v = make_qkv(1, 1, 12799, 32, 64, torch.bfloat16, "cuda", "channel_first")
     names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast"))
-    assert not re.search(r"flash_fwd_sm90_kernel<[^>]*, [01]>", " ".join(names)), names
+    assert not re.search(sm90_fwd(r"\d+", "[12]", 16), " ".join(names)), names
 
 
 def image_kernel_run(B, H, N):
-    """The K / V width code of the image kernel that the default forward runs on split views."""
+    """The KVRead of the image kernel that the default forward runs on split views."""
     _, q, k, v = make_qkv(B, H, N, 32, 64, torch.bfloat16, "cuda", "channel_first")
     names = " ".join(cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")))
-    found = re.findall(r"flash_fwd_sm90_kernel<[^>]*, ([01])>", names)
+    found = re.findall(sm90_fwd(r"\d+", "([12])", 16), names)
     assert len(found) == 1, names
     return int(found[0])
 
@@ -269,21 +311,19 @@ def test_forward_picks_three_warpgroup_images_by_waves():
         pytest.skip("the tile images feed the wgmma kernel (Hopper, sm_90a builds) only")
     if torch.cuda.get_device_properties(0).multi_processor_count != 132:
         pytest.skip("the cases are worked out for 132 SMs (H100 / H200 SXM)")
-    check_forward_on_kv_copies((1, 1), 25000, "split", torch.bfloat16,
-                               r"flash_fwd_sm90_kernel<[^>]*, 16, 1>")
-    check_forward_on_kv_copies((1, 1), 25001, "split", torch.bfloat16,
-                               r"flash_fwd_sm90_kernel<[^>]*, 2, 1>")
-    assert image_kernel_run(1, 1, 24999) == 1
-    assert image_kernel_run(2, 4, 15625) == 1
-    assert image_kernel_run(1, 2, 62500) == 1
-    assert image_kernel_run(1, 4, 40000) == 1
-    assert image_kernel_run(1, 1, 16000) == 0
-    assert image_kernel_run(1, 4, 20000) == 0
+    check_forward_on_kv_copies((1, 1), 25000, "split", torch.bfloat16, sm90_fwd(16, 2, 16))
+    check_forward_on_kv_copies((1, 1), 25001, "split", torch.bfloat16, sm90_fwd(2, 2, 16))
+    assert image_kernel_run(1, 1, 24999) == KV_IMAGE_KERNELS[3]
+    assert image_kernel_run(2, 4, 15625) == KV_IMAGE_KERNELS[3]
+    assert image_kernel_run(1, 2, 62500) == KV_IMAGE_KERNELS[3]
+    assert image_kernel_run(1, 4, 40000) == KV_IMAGE_KERNELS[3]
+    assert image_kernel_run(1, 1, 16000) == KV_IMAGE_KERNELS[2]
+    assert image_kernel_run(1, 4, 20000) == KV_IMAGE_KERNELS[2]
 
 
 @pytest.mark.parametrize("N,vec", BWD_ALIGNED_COPY_CASES, ids=case_ids(BWD_ALIGNED_COPY_CASES))
 @dtypes
-def test_backward_wgmma_copies_q_dout_to_aligned_rows(N, vec, dtype, monkeypatch):
+def test_backward_wgmma_copies_q_dout_to_aligned_rows(N, vec, dtype, force):
     """The backward's streamed Q and dO, on narrow or misaligned rows, are copied to 128-byte
     aligned rows (stream images turned off), and the wgmma kernel with 16-byte Q / dO copies
     runs ("cfs": K, V and the gradients keep their vec-byte accesses). Its gradients against
@@ -291,8 +331,8 @@ def test_backward_wgmma_copies_q_dout_to_aligned_rows(N, vec, dtype, monkeypatch
     if not runs_wgmma_kernels():
         pytest.skip("the aligned Q / dO copies feed the wgmma backward (Hopper, sm_90a builds) "
                     "only")
-    monkeypatch.setenv("PSA_FA2_BWD_STREAM_IMAGES", "0")
-    check_backward_on_stream_copies((1, 2), N, dtype, rf"flash_bwd_sm90_kernel<[^>]*, {vec}, 16>")
+    force(stream_images="never")
+    check_backward_on_stream_copies((1, 2), N, dtype, sm90_bwd(vec, 0, 16))
 
 
 def check_backward_on_stream_copies(batch_heads, N, dtype, kernel_pattern):
@@ -315,7 +355,7 @@ def test_forward_wgmma_keeps_short_rows_as_given(N, vec):
     _, q, k, v = make_qkv(1, 2, N, 32, 64, torch.bfloat16, "cuda", "channel_first")
     names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast"))
     assert not any("copy_rows_kernel" in n for n in names), names
-    assert re.search(rf"flash_fwd_sm90_kernel<[^>]*, {vec}, {vec}>", " ".join(names)), names
+    assert re.search(sm90_fwd(vec, 0, vec), " ".join(names)), names
 
 
 # (N, K / V access width): a partial step only, one whole step, a whole and a partial one, and
@@ -326,36 +366,37 @@ BWD_STREAM_IMAGE_CASES = [(7, 2), (64, 16), (65, 2), (401, 2), (1602, 4), (6400,
 
 @pytest.mark.parametrize("N,vec", BWD_STREAM_IMAGE_CASES, ids=case_ids(BWD_STREAM_IMAGE_CASES))
 @dtypes
-def test_backward_wgmma_reads_stream_images(N, vec, dtype, monkeypatch):
-    """With PSA_FA2_BWD_STREAM_IMAGES=1, Q and dO are copied to stream images and the wgmma
+def test_backward_wgmma_reads_stream_images(N, vec, dtype, force):
+    """Forced to stream images, Q and dO are copied to stream images and the wgmma
     backward that bulk-copies them (with the lse and D rows the preprocess writes there) runs
-    (stream width 0; K and V keep their vec-byte accesses), on two batches of two heads (each
+    (K and V keep their vec-byte accesses), on two batches of two heads (each
     has its own images)."""
     if not runs_wgmma_kernels():
         pytest.skip("the stream images feed the wgmma backward (Hopper, sm_90a builds) only")
-    monkeypatch.setenv("PSA_FA2_BWD_STREAM_IMAGES", "1")
-    check_backward_on_stream_copies((2, 2), N, dtype, rf"flash_bwd_sm90_kernel<[^>]*, {vec}, 0>")
+    force(stream_images="always")
+    check_backward_on_stream_copies((2, 2), N, dtype, sm90_bwd(vec, 1, 16))
 
 
-def test_backward_stream_images_follow_the_threshold(monkeypatch):
-    """Unset, PSA_FA2_BWD_STREAM_IMAGES leaves the choice to the dispatch: stream images
+def test_backward_stream_images_follow_the_threshold(force):
+    """By default the plan takes stream images
     wherever Q and dO would be copied to aligned rows, and on rows that need no copy from
-    12 800 tokens on; shorter rows that need no copy are read as they are. 0 turns the images
-    off (the aligned rows again)."""
+    12 800 tokens on; shorter rows that need no copy are read as they are. Forced off, the
+    aligned rows again."""
     if not runs_wgmma_kernels():
         pytest.skip("the stream images feed the wgmma backward (Hopper, sm_90a builds) only")
-    monkeypatch.delenv("PSA_FA2_BWD_STREAM_IMAGES", raising=False)
 
     def stream_width(N):
+        """0 for stream images, else the width Q and dO are read at."""
         _, q, k, v = make_qkv(1, 1, N, 32, 64, torch.bfloat16, "cuda", "channel_first")
         joined = " ".join(cuda_kernels_run(fast_backward((q, k, v), False)))
-        return int(re.search(r"flash_bwd_sm90_kernel<[^>]*, (\d+)>", joined).group(1))
+        found = re.search(sm90_bwd(r"\d+", r"(\d)", r"(\d+)"), joined)
+        return 0 if found.group(1) == "1" else int(found.group(2))
 
     assert stream_width(1601) == 0 and stream_width(6401) == 0 and stream_width(6404) == 0
     assert stream_width(1600) == 16 and stream_width(6400) == 16  # 128-byte rows: no copy
     assert stream_width(12800) == 0
     assert stream_width(401) == 2  # 2-byte rows below the aligned copies' threshold
-    monkeypatch.setenv("PSA_FA2_BWD_STREAM_IMAGES", "0")
+    force(stream_images="never")
     assert stream_width(6404) == 16 and stream_width(12800) == 16
 
 
@@ -367,19 +408,19 @@ def test_backward_wgmma_keeps_short_rows_as_given(N, vec):
     _, q, k, v = make_qkv(1, 2, N, 32, 64, torch.bfloat16, "cuda", "channel_first")
     names = cuda_kernels_run(fast_backward((q, k, v), False))
     assert not any("copy_rows_kernel" in n for n in names), names
-    assert re.search(rf"flash_bwd_sm90_kernel<[^>]*, {vec}, {vec}>", " ".join(names)), names
+    assert re.search(sm90_bwd(vec, 0, vec), " ".join(names)), names
 
 
 @pytest.mark.parametrize("N", FAST_SEQLENS)
 @layouts
 @dtypes
-def test_forward_fast_mma_sync_on_hopper(N, dtype, layout, monkeypatch):
-    """(32, 64) runs the wgmma kernel on Hopper; PSA_FA2_DISABLE_SM90=1 selects the mma.sync
+def test_forward_fast_mma_sync_on_hopper(N, dtype, layout, force):
+    """(32, 64) runs the wgmma kernel on Hopper; forcing no_sm90 selects the mma.sync
     kernel that Ampere runs, which must stay correct there too."""
     if not runs_wgmma_kernels():
         pytest.skip("test_forward_fast already covers the mma.sync kernel where the wgmma one "
                     "does not run")
-    monkeypatch.setenv("PSA_FA2_DISABLE_SM90", "1")
+    force(no_sm90=True)
     check_forward("cuda", "fast", N, 32, 64, dtype, layout)
 
 
@@ -453,12 +494,12 @@ def test_backward_wgmma_tail_split(case, dtype, layout):
 
 @pytest.mark.parametrize("case", TAIL_SPLIT_CASES)
 @dtypes
-def test_backward_wgmma_tail_split_on_stream_images(case, dtype, monkeypatch):
+def test_backward_wgmma_tail_split_on_stream_images(case, dtype, force):
     """The same shared last wave with Q and dO from stream images: each piece's first steps fill
     its stages from its own place in the images."""
     if not runs_wgmma_kernels():
         pytest.skip("needs a Hopper GPU and a build with sm_90a")
-    monkeypatch.setenv("PSA_FA2_BWD_STREAM_IMAGES", "1")
+    force(stream_images="always")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     N = TAIL_SPLIT_CASES[case]
     H = tail_split_heads(case, -(-N // 128), sms)
@@ -468,13 +509,13 @@ def test_backward_wgmma_tail_split_on_stream_images(case, dtype, monkeypatch):
 @pytest.mark.parametrize("N", FAST_SEQLENS)
 @layouts
 @dtypes
-def test_backward_fast_mma_sync_on_hopper(N, dtype, layout, monkeypatch):
-    """PSA_FA2_DISABLE_SM90=1 runs (32, 64)'s schedule (a) on the mma.sync kernel that Ampere
+def test_backward_fast_mma_sync_on_hopper(N, dtype, layout, force):
+    """Forcing no_sm90 runs (32, 64)'s schedule (a) on the mma.sync kernel that Ampere
     runs, which must stay correct on Hopper too."""
     if not runs_wgmma_kernels():
         pytest.skip("test_backward_fast already covers the mma.sync kernel where the wgmma one "
                     "does not run")
-    monkeypatch.setenv("PSA_FA2_DISABLE_SM90", "1")
+    force(no_sm90=True)
     check_backward("cuda", "fast", N, 32, 64, dtype, layout)
 
 
@@ -570,7 +611,7 @@ def test_fast_and_reference_agree_on_psa_shape(layout):
     assert rel_err(fast, ref) < 1e-2
 
 
-FP32_HEAD_DIMS = [(32, 64), (16, 16), (32, 32), (64, 64), (64, 128)]
+FP32_HEAD_DIMS = [(32, 64), (32, 32), (64, 64)]
 
 
 @pytest.mark.parametrize("N", FAST_SEQLENS)
@@ -584,11 +625,11 @@ def test_forward_fast_fp32_exact(N, dk, dv, layout):
 
 @pytest.mark.parametrize("precision", ["highest", "high"], ids=["exact", "tf32"])
 @layouts
-def test_forward_fast_fp32_key_splits(layout, precision, monkeypatch):
+def test_forward_fast_fp32_key_splits(layout, precision, force):
     """Grids of fewer CTAs than SMs share each row tile's keys among CTAs (the exact and the
     TF32 kernel alike), and a second kernel combines their outputs; here every score of keys
     0-63 is -inf (q > 0, k = -inf), so the CTA that takes those keys alone must add nothing.
-    Large grids run without, and so do small ones under PSA_FA2_DISABLE_F32_KV_SPLITS=1."""
+    Large grids run without, and so do small ones forced to no_f32_kv_splits."""
     B, H, N, dk, dv = 1, 1, 400, 32, 64
     _, q, k, v = make_qkv(B, H, N, dk, dv, torch.float32, "cuda", layout)
     q.copy_(q.abs() + 0.1)
@@ -614,9 +655,9 @@ def test_forward_fast_fp32_key_splits(layout, precision, monkeypatch):
             assert tf32_ran == (precision == "high"), names
 
         check_small_grid(split=True)
-        monkeypatch.setenv("PSA_FA2_DISABLE_F32_KV_SPLITS", "1")
+        force(no_f32_kv_splits=True)
         check_small_grid(split=False)
-        monkeypatch.delenv("PSA_FA2_DISABLE_F32_KV_SPLITS")
+        force()
         _, q, k, v = make_qkv(16, 4, N, dk, dv, torch.float32, "cuda", layout)
         names = cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
         assert not any("combine_kv_splits" in name for name in names), names

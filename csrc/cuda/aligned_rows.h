@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "launchers.h"
-#include "stream_tile_images.h"
+#include "kernels/launchers.h"
+#include "kernels/stream_tile_images.h"
 
 namespace psa_fa2 {
 

@@ -14,14 +14,48 @@ enum class DType : int { kFloat64 = 0, kFloat32 = 1, kBFloat16 = 2, kFloat16 = 3
 //   kChannelFirst: stride_n == 1  (e.g. the PSA `split` views of a [B, H, D, N] conv output)
 enum class Layout : int { kTokenMajor = 0, kChannelFirst = 1 };
 
-// kKVVecBytes (K / V access width) of the Hopper forward instantiations that read K and V as
-// tile images (FwdParams::kv_tile_images) instead of rows: CTAs of two warpgroups on steps of 64
-// keys ("cft"), or of three on steps of 128 ("cft3"; flash_fwd_sm90_kernel.cuh).
-constexpr int kKVTileImages = 0;
-constexpr int kKVTileImages3 = 1;
-// kStreamVecBytes of the Hopper backward instantiations that read Q, dO, lse and D as stream
-// images (BwdParams::stream_tile_images; stream_tile_images.h) instead of rows.
-constexpr int kStreamTileImages = 0;
+// How the Hopper forward reads K and V: as the rows it is given (possibly aligned copies the
+// plan made), or as tile images (a copy the plan made) by CTAs of two or three warpgroups.
+enum class KVRead : int { kRows = 0, kTileImages2wg = 1, kTileImages3wg = 2 };
+// How the Hopper backward reads Q and dO (and lse, D): rows, or stream images the plan made.
+enum class StreamRead : int { kRows = 0, kStreamImages = 1 };
+
+// What a call asks for: the fastest kernel that covers it (falling back to the reference one),
+// a fast kernel or an error, or the reference kernel.
+enum class Impl : int { kAuto = 0, kFast, kReference };
+
+// Kernel families. Which one runs, on which instance and copies, is decided in plan.cpp only.
+enum class FwdKernel : int { kReference = 0, kMmaSync, kFfma, kTf32, kWgmma };
+enum class BwdKernel : int { kReference = 0, kMmaSync, kFfma, kWgmma, kBlockwise };
+// The mma.sync backward's schedules:
+//   kAtomicDQ:  FlashAttention-2 (key-tile CTAs, dQ reduced with fp32 atomics into the
+//               workspace, then converted); not bit-reproducible.
+//   kCombined:  row-tile CTAs compute dK / dV and dQ, S recomputed; no atomics, no workspace;
+//               bit-reproducible.
+enum class BwdSchedule : int { kAtomicDQ = 0, kCombined = 1 };
+
+// One compiled instance (instances/registry.h lists them all). vec_bytes is the global access
+// width of the tensors read as rows; read / read_vec_bytes say how the streamed pair is read
+// (K / V in the forward, Q / dO in the wgmma backward). The mma.sync and FFMA backward
+// instances cover every width (vec_bytes 0): their launchers pick it.
+struct FwdInstance {
+  FwdKernel kernel;
+  DType dtype;
+  int dk, dv;
+  Layout layout;
+  int vec_bytes;
+  KVRead read;
+  int read_vec_bytes;
+};
+struct BwdInstance {
+  BwdKernel kernel;
+  DType dtype;
+  int dk, dv;
+  Layout layout;
+  int vec_bytes;
+  StreamRead read;
+  int read_vec_bytes;
+};
 
 // The most CTAs that share a row tile of the fp32 forward (FwdParams::kv_splits), and its
 // kernels' query rows per CTA and most keys per key tile, which its dispatch plans with.
@@ -46,9 +80,6 @@ struct FwdParams {
   DType dtype;   // dtype of q, k, v and out
   Layout layout; // shared by q, k, v and out
   bool allow_tf32;  // fp32 inputs only: TF32 tensor cores allowed (matmul precision != "highest")
-  // Fast Hopper forward only: k.ptr holds K and V as 64-key tile images (RowCopy's tiled mode,
-  // dk + dv channels per tile), and k's strides and v are not read.
-  bool kv_tile_images;
   // fp32 forward only (flash_fwd_f32_kv_splits): kv_splits > 1 CTAs share each row tile,
   // each taking a run of the key tiles; they leave normalized partial outputs and their log2
   // sums in kv_split_scratch (flash_fwd_f32_split_scratch_bytes), which a second kernel

@@ -1,0 +1,300 @@
+// torch.ops.psa_fa2.psa_attention: the Ultralytics block's channel-first attention, and
+// torch.ops.psa_fa2.attention, the same on [B, H, N, D] operands; differentiable, with their
+// autograd in C++.
+//
+// A training step at the shipped YOLO shapes runs kernels of tens of microseconds, so the
+// host's per-call cost is the step's cost. Keeping the autograd node, the layout handling
+// and the gradient buffers in C++ leaves one dispatcher call from Python per step and one
+// C++ node in the backward graph.
+//
+// When q, k and v are exactly the split views of one contiguous tensor (the block's
+// `qkv.view(B, H, 2*dk + dv, N).split(...)`), the node is attached to that tensor and the
+// backward writes its gradient in one buffer: no per-view gradients for autograd to cat.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/autograd.h>
+#include <torch/library.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "../checks.h"
+
+namespace psa_fa2 {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+std::tuple<at::Tensor, at::Tensor> call_fwd(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& v, double scale,
+                                            const std::string& impl) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("psa_fa2::fwd", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, const at::Tensor&,
+                                                    const at::Tensor&, double, c10::string_view)>();
+  // Straight to the device's kernel: this node is the autograd. Through the Autograd key the
+  // call would run fwd's own autograd registration, which is Python (ops.py).
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return op.call(q, k, v, scale, impl);
+}
+
+void call_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+              const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, double scale,
+              at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, const std::string& impl) {
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("psa_fa2::bwd", "")
+          .typed<void(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                      const at::Tensor&, const at::Tensor&, double, at::Tensor&, at::Tensor&,
+                      at::Tensor&, c10::string_view, bool, bool)>();
+  // dq, dk and dv are fresh buffers: overwritten, never zero-filled.
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  op.call(dout, q, k, v, out, lse, scale, dq, dk, dv, impl,
+          at::globalContext().deterministicAlgorithms(), /*accumulate=*/false);
+}
+
+// [B, H, D, N] (the block's view) as the operators' logical [B, H, N, D].
+at::Tensor tokens_by_dims(const at::Tensor& t) { return t.transpose(2, 3); }
+
+// `t` ([B, H, N, D]) in `layout`, copied only when it is not.
+at::Tensor in_layout(const at::Tensor& t, Layout layout) {
+  if (layout == Layout::kTokenMajor) return is_token_major(t) ? t : t.contiguous();
+  return is_channel_first(t) ? t : t.transpose(2, 3).contiguous().transpose(2, 3);
+}
+
+at::Tensor empty_like_in_layout(const at::Tensor& like, Layout layout) {
+  const AttnShape s{like.size(0), like.size(1), like.size(2), like.size(3), like.size(3), layout};
+  return empty_in_layout(s, like.size(3), layout, like.options());
+}
+
+// Token-major when q, k and v all are, else channel-first: the layout operator_inputs
+// puts them in.
+Layout layout_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (is_token_major(q) && is_token_major(k) && is_token_major(v)) return Layout::kTokenMajor;
+  return Layout::kChannelFirst;
+}
+
+// The attention result as the block wants it: [B, H, dv, N], contiguous, so that
+// `.view(B, H * dv, h, w)` is free. A channel-first `out` is that already; a token-major
+// one (channels_last inputs) is copied once. Detached from out's view chain, so autograd
+// treats it as the op's own output; it still shares out's version counter, so modifying
+// it in place before the backward (which reads out) is reported, as for SDPA.
+at::Tensor block_output(const at::Tensor& out) {
+  return tokens_by_dims(out).contiguous().detach();
+}
+
+// q, k, v ([B, H, N, D]) in one layout: as they are when they share one, else copied to
+// `fallback` (channel-first for the block's views, which are; token-major for `attention`).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> operator_inputs(const at::Tensor& q,
+                                                               const at::Tensor& k,
+                                                               const at::Tensor& v,
+                                                               Layout fallback) {
+  if (layout_of(q, k, v) == Layout::kTokenMajor) return {q, k, v};
+  if (is_channel_first(q) && is_channel_first(k) && is_channel_first(v)) return {q, k, v};
+  return {in_layout(q, fallback), in_layout(k, fallback), in_layout(v, fallback)};
+}
+
+// Which operands and results: the block's [B, H, D, N] views and its [B, H, dv, N]
+// contiguous result (psa_attention), or the operators' [B, H, N, D] (attention).
+enum class Operands { kBlockViews, kTokensByDims };
+
+// The backward ops have no derivative of their own: with create_graph=True the gradients
+// would come back as constants, and a second-order term silently vanish. Say so instead.
+void check_not_double_backward(const char* op) {
+  TORCH_CHECK(!at::GradMode::is_enabled(), op,
+              "'s backward is not differentiable: create_graph=True (double backward) through ",
+              op, " is not supported");
+}
+
+void check_block_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  check_rank4(q, "q", "[B, H, dk, N]");
+  check_rank4(k, "k", "[B, H, dk, N]");
+  check_rank4(v, "v", "[B, H, dv, N]");
+}
+
+// An operand of `kOperands` as the operators' [B, H, N, D], and such a tensor (a gradient) as
+// an operand: the block's views are transposed (which is its own inverse), the others kept.
+template <Operands kOperands>
+at::Tensor swap_block_dims(const at::Tensor& t) {
+  return kOperands == Operands::kBlockViews ? tokens_by_dims(t) : t;
+}
+
+// q, k, v of any layout, each differentiable on its own.
+template <Operands kOperands>
+struct SeparateQKV : public torch::autograd::Function<SeparateQKV<kOperands>> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                            const at::Tensor& v, double scale, const std::string& impl) {
+    constexpr Layout kFallback =
+        kOperands == Operands::kBlockViews ? Layout::kChannelFirst : Layout::kTokenMajor;
+    auto [qt, kt, vt] = operator_inputs(swap_block_dims<kOperands>(q),
+                                        swap_block_dims<kOperands>(k),
+                                        swap_block_dims<kOperands>(v), kFallback);
+    auto [out, lse] = call_fwd(qt, kt, vt, scale, impl);
+    ctx->save_for_backward({qt, kt, vt, out, lse});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["impl"] = impl;
+    return kOperands == Operands::kBlockViews ? block_output(out) : out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    check_not_double_backward(kOperands == Operands::kBlockViews ? "psa_attention" : "attention");
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const Layout layout = layout_of(q, k, v);
+    const at::Tensor dout = in_layout(swap_block_dims<kOperands>(grads[0]), layout);
+    at::Tensor dq = empty_like_in_layout(q, layout), dk = empty_like_in_layout(k, layout),
+               dv = empty_like_in_layout(v, layout);
+    call_bwd(dout, q, k, v, out, lse, ctx->saved_data["scale"].toDouble(), dq, dk, dv,
+             ctx->saved_data["impl"].toStringRef());
+    return {swap_block_dims<kOperands>(dq), swap_block_dims<kOperands>(dk),
+            swap_block_dims<kOperands>(dv), at::Tensor(), at::Tensor()};
+  }
+};
+
+struct SplitDims {
+  int64_t B, H, dk, dv, N;
+  int64_t channels() const { return 2 * dk + dv; }
+};
+
+// [B, H, N, D] views of q, k and v inside `base` ([B, H*(2dk+dv), ...] contiguous): one
+// as_strided each (view + narrow + transpose would be three ops, on the step's host path).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> split_views(const at::Tensor& base,
+                                                           const SplitDims& d) {
+  const int64_t C = d.channels(), offset = base.storage_offset();
+  auto part = [&](int64_t channel0, int64_t channels) {
+    return base.as_strided({d.B, d.H, d.N, channels}, {d.H * C * d.N, C * d.N, 1, d.N},
+                           offset + channel0 * d.N);
+  };
+  return {part(0, d.dk), part(d.dk, d.dk), part(2 * d.dk, d.dv)};
+}
+
+// psa_attention on the split views of `base`, differentiable in `base` itself.
+//
+// This is the training step's path at the shipped shapes, where the host's time is the step's
+// time, so it makes no more ATen calls than it must: the views that only carry operands to the
+// kernels are made below the ADInplaceOrView key (no view tracking; they never reach the
+// user), and the result, [B, H, dv, N] contiguous, is the channel-first `out` itself seen
+// transposed, saved as the node's output and seen transposed again in the backward (saving an
+// output keeps its in-place modification an error, as for `block_output`).
+struct SplitQKV : public torch::autograd::Function<SplitQKV> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& base, SplitDims d, double scale,
+                            const std::string& impl) {
+    at::Tensor result, lse;
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      auto [q, k, v] = split_views(base, d);
+      at::Tensor out;
+      std::tie(out, lse) = call_fwd(q, k, v, scale, impl);
+      // The views are channel-first (or token-major only where that is the same memory: N or
+      // both head dims 1), and so is out: its transpose is contiguous.
+      result = tokens_by_dims(out);
+    }
+    ctx->save_for_backward({base, lse, result});
+    ctx->saved_data["dims"] = std::vector<int64_t>{d.B, d.H, d.dk, d.dv, d.N};
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["impl"] = impl;
+    return result;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    check_not_double_backward("psa_attention");
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor &base = saved[0], &lse = saved[1], &result = saved[2];
+    const auto dims = ctx->saved_data["dims"].toIntVector();
+    const SplitDims d{dims[0], dims[1], dims[2], dims[3], dims[4]};
+    at::Tensor d_base = at::empty(base.sizes(), base.options());
+    {
+      at::AutoDispatchBelowADInplaceOrView below_autograd;
+      auto [q, k, v] = split_views(base, d);
+      auto [dq, dk, dv] = split_views(d_base, d);
+      const at::Tensor dout = in_layout(tokens_by_dims(grads[0]), Layout::kChannelFirst);
+      call_bwd(dout, q, k, v, tokens_by_dims(result), lse, ctx->saved_data["scale"].toDouble(),
+               dq, dk, dv, ctx->saved_data["impl"].toStringRef());
+    }
+    return {d_base, at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+// The tensor q, k and v ([B, H, D, N]) were split from, when they are exactly
+// `base.view(B, H, 2*dk + dv, N).split([dk, dk, dv], dim=2)` of a contiguous base.
+std::optional<SplitDims> split_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  if (!q.is_view() || !k.is_view() || !v.is_view()) return std::nullopt;
+  const at::Tensor base(q._base());
+  if (!k._base().is_same(base) || !v._base().is_same(base) || !base.is_contiguous())
+    return std::nullopt;
+  if (base.requires_grad() != (q.requires_grad() || k.requires_grad() || v.requires_grad()))
+    return std::nullopt;
+  const SplitDims d{q.size(0), q.size(1), q.size(2), v.size(2), q.size(3)};
+  const int64_t C = d.channels();
+  if (k.sizes() != q.sizes() || v.size(0) != d.B || v.size(1) != d.H || v.size(3) != d.N ||
+      base.numel() != d.B * d.H * C * d.N)
+    return std::nullopt;
+  const std::vector<int64_t> view_strides{d.H * C * d.N, C * d.N, d.N, 1};
+  if (q.strides() != at::IntArrayRef(view_strides) || k.strides() != at::IntArrayRef(view_strides) ||
+      v.strides() != at::IntArrayRef(view_strides))
+    return std::nullopt;
+  const int64_t offset = base.storage_offset();
+  if (q.storage_offset() != offset || k.storage_offset() != offset + d.dk * d.N ||
+      v.storage_offset() != offset + 2 * d.dk * d.N)
+    return std::nullopt;
+  return d;
+}
+
+at::Tensor psa_attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  double scale, c10::string_view impl) {
+  check_block_inputs(q, k, v);
+  const std::string impl_name(impl);
+  if (at::GradMode::is_enabled()) {
+    if (const auto split = split_of(q, k, v); split && q._base().requires_grad())
+      return SplitQKV::apply(at::Tensor(q._base()), *split, scale, impl_name);
+  }
+  return SeparateQKV<Operands::kBlockViews>::apply(q, k, v, scale, impl_name);
+}
+
+// Below autograd (inference mode, or a caller that already handles gradients).
+at::Tensor psa_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                 double scale, c10::string_view impl) {
+  check_block_inputs(q, k, v);
+  auto [qt, kt, vt] = operator_inputs(tokens_by_dims(q), tokens_by_dims(k), tokens_by_dims(v),
+                                      Layout::kChannelFirst);
+  return block_output(std::get<0>(call_fwd(qt, kt, vt, scale, std::string(impl))));
+}
+
+void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  check_rank4(q, "q", "[B, H, N, dk]");
+  check_rank4(k, "k", "[B, H, N, dk]");
+  check_rank4(v, "v", "[B, H, N, dv]");
+}
+
+// torch.ops.psa_fa2.attention: [B, H, N, D] operands of any layout, the result in theirs.
+at::Tensor attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                              double scale, c10::string_view impl) {
+  check_attention_inputs(q, k, v);
+  return SeparateQKV<Operands::kTokensByDims>::apply(q, k, v, scale, std::string(impl));
+}
+
+at::Tensor attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             double scale, c10::string_view impl) {
+  check_attention_inputs(q, k, v);
+  auto [qt, kt, vt] = operator_inputs(q, k, v, Layout::kTokenMajor);
+  return std::get<0>(call_fwd(qt, kt, vt, scale, std::string(impl)));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(psa_fa2, Autograd, m) {
+  m.impl("psa_attention", &psa_attention_autograd);
+  m.impl("attention", &attention_autograd);
+}
+
+TORCH_LIBRARY_IMPL(psa_fa2, CompositeExplicitAutograd, m) {
+  m.impl("psa_attention", &psa_attention_forward);
+  m.impl("attention", &attention_forward);
+}
+
+}  // namespace psa_fa2

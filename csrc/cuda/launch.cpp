@@ -1,0 +1,212 @@
+// CUDA implementations of torch.ops.psa_fa2.{fwd,bwd}: validate, fill the params struct, ask
+// plan.h what to run, make the copies it asks for, and launch on the current stream.
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <string>
+#include <vector>
+
+#include "../blockwise_attention.h"
+#include "../checks.h"
+#include "aligned_rows.h"
+#include "device_desc.h"
+#include "device_support.h"
+#include "kernels/kv_split_scratch.h"
+#include "kernels/launchers.h"
+#include "make_params.h"
+#include "plan.h"
+
+namespace psa_fa2 {
+
+namespace {
+// Set only by psa_fa2_ext._testing.force (set_plan_overrides), between calls.
+PlanOverrides g_overrides;
+}  // namespace
+
+void set_plan_overrides(const PlanOverrides& overrides) { g_overrides = overrides; }
+
+namespace {
+
+// PyTorch's matmul rule for fp32: TF32 tensor cores unless the precision is "highest".
+bool fp32_matmul_allows_tf32() { return at::globalContext().allowTF32CuBLAS(); }
+
+#ifndef PSA_FA2_CUDA_ARCHS
+#define PSA_FA2_CUDA_ARCHS ""
+#endif
+
+// Raises, naming the device and what this build covers, where the current device cannot run
+// the kernels; called with the inputs' device current.
+void check_device_supported(const at::Tensor& t) {
+  const DeviceReport report = current_device_support();
+  if (report.support == DeviceSupport::kSupported) return;
+  // Strings only (checks.h says why).
+  const std::string capability = std::to_string(report.major) + "." + std::to_string(report.minor);
+  // Hopper's wgmma kernels are sm_90a code, which an arch list names as such.
+  const std::string arch = capability == "9.0" ? "9.0a" : capability;
+  const std::string device = std::string(at::cuda::getCurrentDeviceProperties()->name) + " (" +
+                             t.device().str() + ", compute capability " + capability + ")";
+  TORCH_CHECK(report.support != DeviceSupport::kTooOld, "psa_fa2 needs an NVIDIA GPU of compute "
+              "capability 8.0 (Ampere) or newer; the inputs are on ", device);
+  TORCH_CHECK(report.support != DeviceSupport::kNotBuiltFor, "psa_fa2 was built for CUDA archs \"",
+              PSA_FA2_CUDA_ARCHS, "\", which have no code that ", device, " can run; reinstall "
+              "it with TORCH_CUDA_ARCH_LIST=\"", arch, "\" (or build it "
+              "on a machine with this GPU, whose arch the build picks by default)");
+  TORCH_CHECK(false, "psa_fa2: the CUDA runtime could not report on ", t.device().str());
+}
+
+std::string describe_config(const AttnShape& s, at::ScalarType dtype) {
+  return std::string(c10::toString(dtype)) + ", dk = " + std::to_string(s.head_dim_qk) +
+         ", dv = " + std::to_string(s.head_dim_v) + ", " + layout_name(s.layout);
+}
+
+// Raises for impl="fast" where the plan found no fast kernel; warns once for impl="auto".
+void check_fast_kernel(bool missing, Impl impl, const AttnShape& s, at::ScalarType dtype,
+                       const char* direction) {
+  if (!missing) return;
+  TORCH_CHECK(impl != Impl::kFast, "impl=\"fast\": no fast ", direction, " kernel for ",
+              describe_config(s, dtype), " (pointers 16-byte aligned and strides multiples of 8 "
+              "are needed too); use impl=\"auto\" or \"reference\"");
+  TORCH_WARN_ONCE("psa_fa2: no fast ", direction, " kernel for ", describe_config(s, dtype),
+                  "; running the reference kernel, which is correct but slow");
+}
+
+std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& v, double scale,
+                                            c10::string_view impl_name) {
+  const AttnShape s = check_fwd_inputs(q, k, v);
+  const Impl impl = parse_impl(impl_name);
+  const c10::cuda::CUDAGuard guard(q.device());
+  check_device_supported(q);
+  at::Tensor out = empty_in_layout(s, s.head_dim_v, s.layout, q.options());
+  at::Tensor lse = at::empty({s.batch, s.heads, s.seqlen},
+                             q.options().dtype(accumulate_dtype(q.scalar_type())));
+  if (out.numel() == 0) return {out, lse};
+
+  FwdParams p = make_fwd_params(s, q, k, v, out, lse, scale);
+  p.allow_tf32 = fp32_matmul_allows_tf32();
+  const FwdPlan plan = plan_fwd(p, impl, current_device_desc(), g_overrides);
+  check_fast_kernel(plan.no_fast_kernel, impl, s, q.scalar_type(), "forward");
+
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (plan.instance < 0) {
+    reference_fwd(p, stream);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return {out, lse};
+  }
+  // Copies and scratch are freed after the launches; the allocator reuses them in stream order.
+  at::Tensor copies, split_scratch;
+  if (plan.copy == FwdCopy::kKVTileImages) {
+    copies = kv_tile_images_copy(k, v, stream);
+    p.k.ptr = copies.data_ptr();  // the images: k's strides and v are not read
+    p.v.ptr = nullptr;
+  } else if (plan.copy == FwdCopy::kAlignedKV) {
+    const auto [k_rows, v_rows] = aligned_kv_copy(k, v, stream);
+    p.k = strided(k_rows);
+    p.v = strided(v_rows);
+    copies = k_rows;  // v_rows views the same allocation
+  }
+  if (plan.kv_splits > 1) {
+    split_scratch = at::empty({int64_t(KvSplitScratch(p, plan.kv_splits).floats())},
+                              q.options().dtype(at::kFloat));
+    p.kv_splits = plan.kv_splits;
+    p.kv_split_scratch = split_scratch.data_ptr();
+  }
+  kFwdLaunchers[plan.instance](p, stream);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {out, lse};
+}
+
+void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+              const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, double scale,
+              at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, c10::string_view impl_name,
+              bool deterministic, bool accumulate) {
+  const AttnShape s = check_bwd_inputs(dout, q, k, v, out, lse, dq, dk, dv);
+  const Impl impl = parse_impl(impl_name);
+  const c10::cuda::CUDAGuard guard(q.device());
+  check_device_supported(q);
+  if (q.numel() == 0 || v.numel() == 0) {
+    if (!accumulate) zero_qk_grads(dq, dk);
+    return;
+  }
+  BwdParams p = make_bwd_params(s, dout, q, k, v, out, lse, dq, dk, dv, scale);
+  p.allow_tf32 = fp32_matmul_allows_tf32();
+  p.deterministic = deterministic || at::globalContext().deterministicAlgorithms();
+  p.accumulate = accumulate;
+  const BwdPlan plan = plan_bwd(p, impl, current_device_desc(), g_overrides);
+  check_fast_kernel(plan.no_fast_kernel, impl, s, q.scalar_type(), "backward");
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  if (plan.kernel == BwdKernel::kBlockwise) {
+    if (!accumulate) zero_qk_grads(dq, dk);
+    blockwise_bwd(dout, q, k, v, out, lse, scale, dq, dk, dv, kBlockwiseElemsCuda);
+    return;
+  }
+  // delta ([B, H, N] of lse's dtype: rowsum(dout * out)) and the fast kernel's workspace in one
+  // allocation: at the shipped shapes a training step is host-bound, and every allocation is
+  // host time. It is freed after the launches, in stream order.
+  const int64_t delta_bytes = (lse.numel() * int64_t(lse.element_size()) + 255) / 256 * 256;
+  const at::Tensor scratch = at::empty({delta_bytes + int64_t(plan.workspace_bytes)},
+                                       q.options().dtype(at::kByte));
+  p.delta = scratch.data_ptr();
+  if (plan.workspace_bytes > 0) p.workspace = static_cast<char*>(scratch.data_ptr()) + delta_bytes;
+
+  switch (plan.kernel) {
+    case BwdKernel::kReference:
+      // The reference kernel's dq / dk atomics add one finished value per element to what is
+      // there, so its result does not depend on their order: deterministic as it stands.
+      if (!accumulate) zero_qk_grads(dq, dk);
+      reference_bwd(p, stream);
+      break;
+    case BwdKernel::kFfma: {
+      if (!accumulate) zero_qk_grads(dq, dk);
+      // Added to in place, dq would take one rounded fp32 addition per key tile at the size of
+      // what it holds (and dk one per CTA, where CTAs share key tiles): accumulating, their
+      // gradients are summed from zero instead and added once.
+      const bool shared_tiles = plan.f32_row_pieces > 1;
+      const at::Tensor dq_sum = accumulate ? at::zeros_like(dq) : dq;
+      const at::Tensor dk_sum = accumulate && shared_tiles ? at::zeros_like(dk) : dk;
+      if (shared_tiles) dv.zero_();
+      p.dq = strided(dq_sum);
+      p.dk = strided(dk_sum);
+      kBwdLaunchers[plan.instance](p, plan, stream);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      if (accumulate) dq.add_(dq_sum);
+      if (accumulate && shared_tiles) dk.add_(dk_sum);
+      return;
+    }
+    case BwdKernel::kMmaSync:
+    case BwdKernel::kWgmma: {
+      // Freed after the launch, in stream order.
+      at::Tensor copies;
+      if (plan.copy == BwdCopy::kQdOStreamImages) {
+        copies = stream_tile_images_copy(q, dout, stream);
+        p.stream_tile_images = copies.data_ptr();
+      } else if (plan.copy == BwdCopy::kAlignedQdO) {
+        const std::vector<at::Tensor> rows =
+            aligned_rows_copy({{q, s.head_dim_qk}, {dout, s.head_dim_v}},
+                              {s.head_dim_qk, s.head_dim_v}, stream);
+        p.q = strided(rows[0]);
+        p.dout = strided(rows[1]);
+        copies = rows[0];  // rows[1] views the same allocation
+      }
+      kBwdLaunchers[plan.instance](p, plan, stream);
+      break;
+    }
+    case BwdKernel::kBlockwise:
+      break;
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(psa_fa2, CUDA, m) {
+  m.impl("fwd", &fwd_cuda);
+  m.impl("bwd", &bwd_cuda);
+}
+
+}  // namespace psa_fa2

@@ -1,0 +1,84 @@
+"""What a CUDA call runs, without running it: csrc/cuda/plan.h's plan_fwd / plan_bwd (the code
+the ops run), asked about a call and a device description. Works in every build, GPU or not.
+
+    python -m psa_fa2_ext --plan 16 4 1600 32 64 bf16 psa --device h100
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _C
+
+# (compute capability major, minor, SMs, whether the Hopper wgmma kernels may run)
+DEVICES = {
+    "h100": (9, 0, 132, True),
+    "h200": (9, 0, 132, True),
+    "a100": (8, 0, 108, False),
+    "rtx3090": (8, 6, 82, False),
+    "rtx4090": (8, 9, 128, False),
+    "rtx5090": (12, 0, 170, False),
+}
+
+DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16,
+          "fp16": torch.float16}
+
+# How the inputs are laid out (see README): "psa" is the Ultralytics block's split views of one
+# channel-first qkv conv output [B, H, dk + dk + dv, N]; "channel_first" separate [B, H, d, N]
+# tensors; "token_major" separate [B, H, N, d] tensors.
+LAYOUTS = ("psa", "channel_first", "token_major")
+
+
+def current_device() -> tuple:
+    """The visible GPU as the plan sees it (PSA_FA2_DISABLE_SM90 aside)."""
+    major, minor = torch.cuda.get_device_capability()
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    built = "wgmma" in _C.build_info()["cuda_kernels"]
+    return major, minor, sms, built and (major, minor) == (9, 0)
+
+
+def _desc(t: torch.Tensor) -> tuple:
+    """(byte offset from an aligned base, strides of the logical [B, H, N, D] view)."""
+    return (t.storage_offset() * t.element_size(), *t.stride())
+
+
+def inputs(batch, heads, seqlen, dk, dv, dtype, layout, device="meta"):
+    """q, k, v in the ops' logical [B, H, N, d] form, laid out as `layout` says."""
+    if layout == "psa":
+        qkv = torch.empty(batch, heads, 2 * dk + dv, seqlen, dtype=dtype, device=device)
+        q, k, v = qkv.split([dk, dk, dv], dim=2)
+        return q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)
+    if layout == "channel_first":
+        return tuple(torch.empty(batch, heads, d, seqlen, dtype=dtype, device=device)
+                     .transpose(2, 3) for d in (dk, dk, dv))
+    if layout == "token_major":
+        return tuple(torch.empty(batch, heads, seqlen, d, dtype=dtype, device=device)
+                     for d in (dk, dk, dv))
+    raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+
+
+def plan(direction, q, k, v, *, device, impl="auto", deterministic=False, allow_tf32=None,
+         force=None):
+    """(description, fields) of the plan of fwd(q, k, v) or of its backward, with the outputs
+    and gradients the ops would allocate (psa_attention's backward writes one qkv gradient
+    buffer where q, k, v are split views of one)."""
+    batch, heads, seqlen, dk = q.shape
+    dv = v.size(3)
+    channel_first = q.stride(2) == 1 and seqlen > 1 and q.stride(3) != 1
+    if allow_tf32 is None:
+        allow_tf32 = torch.backends.cuda.matmul.allow_tf32
+    dtype = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16",
+             torch.float16: "float16"}[q.dtype]
+    out = torch.empty(batch, heads, dv, seqlen, dtype=q.dtype, device="meta").transpose(2, 3) \
+        if channel_first else torch.empty(batch, heads, seqlen, dv, dtype=q.dtype, device="meta")
+    tensors = [q, k, v, out]
+    if direction == "bwd":
+        shared = q._base is not None and q._base is k._base and k._base is v._base
+        if shared:
+            grad = torch.empty(q._base.shape, dtype=q.dtype, device="meta")
+            dq, dk_, dv_ = (x.transpose(2, 3) for x in grad.split([dk, dk, dv], dim=2))
+        else:
+            dq, dk_, dv_ = (torch.empty_like(t, device="meta") for t in (q, k, v))
+        tensors += [torch.empty_like(out), dq, dk_, dv_]
+    return _C._plan(direction, dtype, channel_first, batch, heads, seqlen, dk, dv,
+                    [_desc(t) for t in tensors], allow_tf32, deterministic, impl,
+                    tuple(device), dict(force or {}))

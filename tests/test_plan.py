@@ -1,0 +1,166 @@
+"""Which kernels and copies a CUDA call runs, pinned for a table of calls and devices.
+
+plan_fwd / plan_bwd (csrc/cuda/plan.h) are the one place that decides; they compile in every
+build, so these run without a GPU. A change that moves a call to another kernel or copy fails
+here and has to change the table on purpose.
+"""
+import pytest
+import torch
+
+from psa_fa2_ext import _plan
+
+H100, A100, RTX4090 = _plan.DEVICES["h100"], _plan.DEVICES["a100"], _plan.DEVICES["rtx4090"]
+
+# (device, B, H, N, dk, dv, dtype, layout, options) -> expected forward, backward description.
+CASES = [
+    # The YOLO PSA shapes on Hopper: wgmma on the views as they come...
+    (H100, 16, 4, 400, 32, 64, "bf16", "psa", {},
+     "wgmma forward bf16 32x64 channel_first q/out 16B, K/V rows 16B; CTA 64 query rows x "
+     "64-key steps",
+     "wgmma backward bf16 32x64 channel_first rows 16B, Q/dO rows 16B; CTA 128 keys x 64-row "
+     "steps"),
+    (H100, 16, 4, 1600, 32, 64, "fp16", "psa", {},
+     "wgmma forward fp16 32x64 channel_first q/out 16B, K/V rows 16B; CTA 64 query rows x "
+     "64-key steps",
+     "wgmma backward fp16 32x64 channel_first rows 16B, Q/dO rows 16B; CTA 128 keys x 64-row "
+     "steps, last wave split 3 ways"),
+    # ... odd N: K / V copied to aligned rows (forward), Q / dO to stream images (backward) ...
+    (H100, 16, 4, 1601, 32, 64, "bf16", "psa", {},
+     "wgmma forward bf16 32x64 channel_first q/out 2B, K/V rows 16B; CTA 64 query rows x "
+     "64-key steps; copies K, V to 128-byte aligned rows",
+     "wgmma backward bf16 32x64 channel_first rows 2B, Q/dO stream images; CTA 128 keys x "
+     "64-row steps, last wave split 3 ways; copies Q, dO to stream images"),
+    # ... and long rows on tile images, three warpgroups where their waves fall better.
+    (H100, 1, 2, 62500, 32, 64, "bf16", "psa", {},
+     "wgmma forward bf16 32x64 channel_first q/out 8B, K/V tile images; CTA 3 warpgroups, 192 "
+     "query rows x 128-key steps; copies K, V to tile images",
+     "wgmma backward bf16 32x64 channel_first rows 8B, Q/dO stream images; CTA 128 keys x "
+     "64-row steps, last wave split 2 ways; copies Q, dO to stream images"),
+    (H100, 4, 4, 12800, 32, 64, "bf16", "psa", {},
+     "wgmma forward bf16 32x64 channel_first q/out 16B, K/V tile images; CTA 3 warpgroups, 192 "
+     "query rows x 128-key steps; copies K, V to tile images",
+     "wgmma backward bf16 32x64 channel_first rows 16B, Q/dO stream images; CTA 128 keys x "
+     "64-row steps, last wave split 8 ways; copies Q, dO to stream images"),
+    (H100, 1, 2, 12800, 32, 64, "bf16", "psa", {},
+     "wgmma forward bf16 32x64 channel_first q/out 16B, K/V tile images; CTA 2 warpgroups, 128 "
+     "query rows x 64-key steps; copies K, V to tile images",
+     "wgmma backward bf16 32x64 channel_first rows 16B, Q/dO stream images; CTA 128 keys x "
+     "64-row steps; copies Q, dO to stream images"),
+    (H100, 16, 4, 400, 32, 64, "bf16", "token_major", {},
+     "wgmma forward bf16 32x64 token_major q/out 16B, K/V rows 16B; CTA 64 query rows x 64-key "
+     "steps",
+     "wgmma backward bf16 32x64 token_major rows 16B, Q/dO rows 16B; CTA 128 keys x 64-row "
+     "steps"),
+    # Deterministic: the mma.sync kernel's combined schedule, no atomics.
+    (H100, 16, 4, 400, 32, 64, "bf16", "psa", {"deterministic": True},
+     "wgmma forward bf16 32x64 channel_first q/out 16B, K/V rows 16B; CTA 64 query rows x "
+     "64-key steps",
+     "mma.sync backward bf16 32x64 channel_first; combined schedule (deterministic), CTA 128 "
+     "query rows"),
+    # Head dims without a wgmma kernel run mma.sync on Hopper too.
+    (H100, 64, 2, 400, 32, 32, "bf16", "psa", {},
+     "mma.sync forward bf16 32x32 channel_first rows 16B; CTA 64 query rows x 64-key tiles",
+     "mma.sync backward bf16 32x32 channel_first; atomic-dQ schedule, CTA 128 keys"),
+    (H100, 2, 8, 1024, 128, 128, "fp16", "token_major", {},
+     "mma.sync forward fp16 128x128 token_major rows 16B; CTA 64 query rows x 64-key tiles",
+     "mma.sync backward fp16 128x128 token_major; atomic-dQ schedule, CTA 128 keys"),
+    # Ampere and Ada: mma.sync everywhere.
+    (A100, 16, 4, 400, 32, 64, "bf16", "psa", {},
+     "mma.sync forward bf16 32x64 channel_first rows 16B; CTA 64 query rows x 64-key tiles",
+     "mma.sync backward bf16 32x64 channel_first; atomic-dQ schedule, CTA 128 keys"),
+    (RTX4090, 16, 4, 401, 32, 64, "fp16", "psa", {},
+     "mma.sync forward fp16 32x64 channel_first rows 2B; CTA 64 query rows x 64-key tiles",
+     "mma.sync backward fp16 32x64 channel_first; atomic-dQ schedule, CTA 128 keys"),
+    # fp32: exact FFMA kernels, key splits / shared key tiles on small grids...
+    (H100, 1, 4, 400, 32, 64, "fp32", "psa", {"allow_tf32": False},
+     "FFMA forward fp32 32x64 channel_first rows 16B; CTA 128 query rows x 64-key tiles, 7 "
+     "CTA(s) per row tile",
+     "FFMA backward fp32 32x64 channel_first; CTA 64 keys x 32-row steps, 6 CTA(s) per key tile"),
+    # ... under TF32 the TF32 forward, and the blockwise backward below 1600 tokens.
+    (H100, 16, 4, 400, 32, 64, "fp32", "psa", {"allow_tf32": True},
+     "TF32 mma.sync forward fp32 32x64 channel_first rows 16B; CTA 128 query rows x 64-key "
+     "tiles, 1 CTA(s) per row tile",
+     "blockwise backward on at::matmul (fp32: TF32 where allowed, deterministic)"),
+    (H100, 16, 4, 1600, 32, 64, "fp32", "psa", {"allow_tf32": True},
+     "TF32 mma.sync forward fp32 32x64 channel_first rows 16B; CTA 128 query rows x 64-key "
+     "tiles, 1 CTA(s) per row tile",
+     "FFMA backward fp32 32x64 channel_first; CTA 64 keys x 32-row steps, 1 CTA(s) per key tile"),
+    (A100, 16, 4, 400, 32, 64, "fp32", "psa", {"allow_tf32": False, "deterministic": True},
+     "FFMA forward fp32 32x64 channel_first rows 16B; CTA 128 query rows x 64-key tiles, 1 "
+     "CTA(s) per row tile",
+     "blockwise backward on at::matmul (fp32: TF32 where allowed, deterministic)"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[1:8])))
+def test_plan_is_pinned(case):
+    device, b, h, n, dk, dv, dtype, layout, options, fwd, bwd = case
+    q, k, v = _plan.inputs(b, h, n, dk, dv, _plan.DTYPES[dtype], layout)
+    assert _plan.plan("fwd", q, k, v, device=device, **options)[0] == fwd
+    assert _plan.plan("bwd", q, k, v, device=device, **options)[0] == bwd
+
+
+@pytest.mark.parametrize("dtype, dk, dv", [("fp64", 32, 64), ("bf16", 16, 16), ("bf16", 48, 48),
+                                           ("fp16", 64, 128)])
+def test_calls_without_a_fast_kernel_plan_the_reference_kernel(dtype, dk, dv):
+    q, k, v = _plan.inputs(2, 4, 300, dk, dv, _plan.DTYPES[dtype], "token_major")
+    for direction in ("fwd", "bwd"):
+        description, fields = _plan.plan(direction, q, k, v, device=H100)
+        assert description.startswith("reference"), description
+        assert fields["no_fast_kernel"] and fields["instance"] == -1
+        description, fields = _plan.plan(direction, q, k, v, device=H100, impl="reference")
+        assert description.startswith("reference") and not fields["no_fast_kernel"]
+
+
+def test_impl_reference_plans_the_reference_kernel_where_a_fast_one_exists():
+    q, k, v = _plan.inputs(16, 4, 400, 32, 64, torch.bfloat16, "psa")
+    assert _plan.plan("fwd", q, k, v, device=H100)[1]["instance"] >= 0
+    for direction in ("fwd", "bwd"):
+        description, fields = _plan.plan(direction, q, k, v, device=H100, impl="reference")
+        assert description.startswith("reference") and fields["instance"] == -1
+
+
+def test_backward_beyond_65535_heads_plans_the_reference_kernel():
+    q, k, v = _plan.inputs(70000, 1, 64, 32, 64, torch.bfloat16, "psa")
+    assert _plan.plan("bwd", q, k, v, device=H100)[0].startswith("reference")
+
+
+def test_forced_paths_change_only_what_they_name():
+    q, k, v = _plan.inputs(16, 4, 400, 32, 64, torch.bfloat16, "psa")
+    no_sm90 = _plan.plan("fwd", q, k, v, device=H100, force={"no_sm90": True})[0]
+    assert no_sm90.startswith("mma.sync forward bf16 32x64 channel_first rows 16B")
+    images = _plan.plan("fwd", q, k, v, device=H100,
+                        force={"kv_images": "always", "kv_image_warpgroups": 3})[0]
+    assert "K/V tile images; CTA 3 warpgroups" in images and "copies K, V to tile images" in images
+    streamed = _plan.plan("bwd", q, k, v, device=H100, force={"stream_images": "always"})[0]
+    assert "Q/dO stream images" in streamed
+    q, k, v = _plan.inputs(1, 2, 62500, 32, 64, torch.bfloat16, "psa")
+    plain = _plan.plan("fwd", q, k, v, device=H100, force={"no_copies": True})[0]
+    assert "copies" not in plain and "K/V rows 8B" in plain
+    q, k, v = _plan.inputs(1, 4, 400, 32, 64, torch.float32, "psa")
+    one = _plan.plan("fwd", q, k, v, device=H100, allow_tf32=False,
+                     force={"no_f32_kv_splits": True})[0]
+    assert one.endswith("1 CTA(s) per row tile")
+    with pytest.raises(ValueError, match="unknown plan override"):
+        _plan.plan("fwd", q, k, v, device=H100, force={"no_such_thing": True})
+
+
+def test_workspace_covers_the_dq_accumulators_and_the_tail_split():
+    q, k, v = _plan.inputs(16, 4, 1600, 32, 64, torch.bfloat16, "psa")
+    fields = _plan.plan("bwd", q, k, v, device=H100)[1]
+    dq_bytes = 4 * 16 * 4 * 1600 * 32
+    tail_tiles = 40  # the last wave's 40 tiles, each shared by 3 CTAs
+    assert fields["tail_pieces"] == 3
+    assert fields["workspace_bytes"] == dq_bytes + tail_tiles * 128 * 96 * 4 + 160
+    fields = _plan.plan("bwd", q, k, v, device=H100, deterministic=True)[1]
+    assert fields["workspace_bytes"] == 0
+
+
+def test_plan_cli_prints_both_directions():
+    import subprocess
+    import sys
+    result = subprocess.run(
+        [sys.executable, "-m", "psa_fa2_ext", "--plan", "16", "4", "400", "32", "64", "bf16",
+         "psa", "--device", "h100"], capture_output=True, text=True, check=True)
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("  fwd: wgmma forward") and lines[2].startswith("  bwd: wgmma")
