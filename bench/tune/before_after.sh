@@ -5,17 +5,19 @@
 # the standard shapes, bf16 and fp16, the two trees' runs alternating. Writes under $OUT:
 # trace_before.txt, trace_after.txt, trace.diff, bench_{before,after}_{1,2}.md, plans.txt.
 #
-#   bash bench/tune/before_after.sh BEFORE_SOURCE_TARBALL
+#   [ROUNDS=2] [STEPS="build trace bench"] bash bench/tune/before_after.sh BEFORE_SOURCE_TARBALL
 #
 # BEFORE_SOURCE_TARBALL: `git archive <commit>` of the earlier tree (bench/results left out
-# keeps it small).
+# keeps it small). A second call on the same machine finds both builds done (ninja rebuilds
+# nothing), so the steps can be spread over calls.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-before-after}
 mkdir -p "$OUT" /tmp/before
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
-tar -xf "$1" -C /tmp/before
+STEPS=${STEPS:-build trace bench}
+[ -f /tmp/before/setup.py ] || tar -xf "$1" -C /tmp/before
 start=$(date +%s)
 (cd /tmp/before && MAX_JOBS=8 $PY setup.py build_ext --inplace >"$OUT/build_before.log" 2>&1) &
 MAX_JOBS=8 $PY setup.py build_ext --inplace >"$OUT/build_after.log" 2>&1
@@ -25,10 +27,12 @@ before_rc=$?
 echo "builds: $(( $(date +%s) - start )) s (before exit $before_rc, after exit $after_rc)"
 [ $before_rc = 0 ] && [ $after_rc = 0 ] || { tail -30 "$OUT"/build_*.log; exit 1; }
 
+case " $STEPS " in *" trace "*) ;; *) SKIP_TRACE=1 ;; esac
 trace() {  # $1: tree, $2: name
   (cd "$1" && PYTHONPATH=$1 $PY "$OLDPWD/bench/tune/launch_trace.py") >"$OUT/trace_$2.txt" \
     2>"$OUT/trace_$2.err" || { tail -20 "$OUT/trace_$2.err"; }
 }
+if [ -z "${SKIP_TRACE:-}" ]; then
 trace /tmp/before before
 trace "$PWD" after
 if diff "$OUT/trace_before.txt" "$OUT/trace_after.txt" >"$OUT/trace.diff"; then
@@ -43,14 +47,18 @@ for shape in "16 2 400" "16 4 400" "64 4 400" "1 4 400" "16 4 1600" "8 4 6400" "
     PYTHONPATH=$PWD $PY -m psa_fa2_ext --plan $shape 32 64 $dtype psa
   done
 done >"$OUT/plans.txt" 2>&1
+fi
 
 bench() {  # $1: tree, $2: name
   (cd "$1" && PYTHONPATH=$1 $PY bench/bench_attention.py --peers ours --dtypes bf16 fp16 \
     --no-step --out "/tmp/bench_$2") >"$OUT/bench_$2.md" 2>"$OUT/bench_$2.err" \
     || tail -20 "$OUT/bench_$2.err"
 }
-for round in 1 2; do
-  bench /tmp/before "before_$round"
-  bench "$PWD" "after_$round"
-done
+case " $STEPS " in *" bench "*)
+  for round in $(seq "${FIRST_ROUND:-1}" "${ROUNDS:-2}"); do
+    bench /tmp/before "before_$round"
+    bench "$PWD" "after_$round"
+    echo "round $round: $(( $(date +%s) - start )) s"
+  done ;;
+esac
 echo "total: $(( $(date +%s) - start )) s"
