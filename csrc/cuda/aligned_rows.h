@@ -1,7 +1,7 @@
-// Copies of channel-first tensors for the Hopper kernels: to rows that start at 128-byte
-// multiples (K and V for the forward, flash_fwd_wants_aligned_kv; Q and dO for the backward,
-// flash_bwd_wants_aligned_stream), or K and V to the forward's tile images
-// (flash_fwd_wants_kv_tile_images). The block's views have rows N elements apart: at
+// Copies of channel-first tensors for the Hopper kernels, made where the plan (plan.cpp) asks:
+// to rows that start at 128-byte multiples (K and V for the forward, Q and dO for the backward),
+// or K and V to the forward's tile images, or Q and dO to the backward's stream images. The
+// block's views have rows N elements apart: at
 // N % 8 != 0 that holds the kernels' copies of them to 8, 4 or 2 bytes, and at N % 64 != 0
 // their tiles straddle 128-byte lines.
 #pragma once
@@ -30,9 +30,8 @@ inline bool v_follows_k(const at::Tensor& k, const at::Tensor& v) {
 }
 
 // The copies' rows are padded to 64 tokens: 128 bytes, so that each 64-token tile of a row is
-// one aligned 128-byte line. On the H200 (bench/tune/row_stride.py, bf16, B,H,N = 8,4,6401, all
-// of q, k, v on the same rows) the forward took 779 us on rows padded to 8 tokens and 618 on
-// rows padded to 64.
+// one aligned 128-byte line. Rows padded only to 8 tokens (16 bytes) measured clearly slower
+// (bench/tune/row_stride.py).
 constexpr int64_t kAlignedRowTokens = 64;
 
 inline int64_t aligned_row_tokens(int64_t n) {

@@ -1,4 +1,4 @@
-// Fills the CUDA kernels' params structs from validated tensors (attention_cuda.cpp).
+// Fills the CUDA kernels' params structs from validated tensors (launch.cpp).
 #pragma once
 
 #include <ATen/ATen.h>

@@ -1,7 +1,8 @@
 // Hopper (sm_90) bulk asynchronous copies from global to shared memory, completed through
 // mbarriers: one thread starts the copy of a whole contiguous block, and the threads that read
-// it wait on the barrier's phase. Only what flash_fwd_sm90_kernel.cuh needs for the K / V tile
-// images (copy_rows.cu, tiled mode); callers must only use these on sm_90 or later.
+// it wait on the barrier's phase. Only what the Hopper kernels need for the forward's K / V tile
+// images (fwd_sm90.cuh) and the backward's stream images (bwd_sm90.cuh), both made by
+// copy_rows.cu's tiled mode; callers must only use these on sm_90 or later.
 //
 // A barrier that copies complete expects one arrival per phase (the copying thread's
 // arrive.expect_tx) plus the bytes of that phase's copies; phase k completes when both are in.

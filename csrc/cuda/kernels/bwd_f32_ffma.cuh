@@ -1,7 +1,7 @@
 // FlashAttention-2 backward for float32 inputs, exact fp32 arithmetic (FFMA), schedule (a) of
-// flash_bwd_kernel.cuh: each CTA owns kBlockN = 64 keys of one (batch, head), keeps their dK
+// bwd_sm80.cuh: each CTA owns kBlockN = 64 keys of one (batch, head), keeps their dK
 // and dV in registers and streams the query rows in steps of kBlockM = 32; dQ is added to the
-// fp32 dq with atomics (no conversion pass; attention_cuda.cpp passes a zeroed dq of its own
+// fp32 dq with atomics (no conversion pass; launch.cpp passes a zeroed dq of its own
 // where the op accumulates, and adds it once).
 //
 // Per step, with P^T = exp2(S^T scale log2 e - lse log2 e) and dS^T = P^T o (dP^T - D):
@@ -23,16 +23,12 @@
 // step's last barrier. 89 KB of shared memory: two CTAs per SM on sm_90 (227 KB), one on sm_80
 // (164 KB) and sm_86 / sm_89 (99 KB).
 //
-// On the H200 (bench/results/h200-2026-12-03-0fd4498), forward + backward in exact fp32 with
-// this kernel ran 1.33-1.39x memory-efficient SDPA at 400 tokens (2.1x at 1,4,400, whose key
-// tiles are shared out) and 1.13-1.15x from 1600 tokens on. The backward alone (forward +
-// backward less forward) comes to about 27 TFLOP/s at 8,4,6400, counting 448 flops per score:
-// 40% of the FFMA peak. At 9bf674f it was 0.95-0.97x memory-efficient SDPA from 1600 tokens on
-// (bench/results/h200-2026-12-02-9bf674f); of the changes since, the copies advancing their
-// addresses instead of recomputing them cut the most (by the SASS, about 1400 of a step's 6800
-// instructions per thread, leaving about 5300 for 3584 FFMA; not timed alone). Not tuned further:
-// larger CTAs or micro-tiles (each product loads two float4 per 16 FFMA, and two CTAs of 89 KB
-// are 8 warps per SM), vector dQ reductions and a deeper copy pipeline were not tried.
+// The copies advance their addresses rather than recompute them, which by the SASS takes about
+// 1400 of a step's 6800 instructions per thread off, leaving about 5300 for 3584 FFMA. The
+// kernel then runs at about 40% of the FFMA peak on long rows, and forward + backward in exact
+// fp32 ahead of memory-efficient SDPA (docs/performance.md). Not tuned further: larger CTAs or
+// micro-tiles (each product loads two float4 per 16 FFMA, and two CTAs of 89 KB are 8 warps per
+// SM), vector dQ reductions and a deeper copy pipeline were not tried.
 //
 // Only CUDA headers and the project's kernel headers are included.
 #pragma once
@@ -280,8 +276,8 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdPar
     cp_async_commit();
 
     // dV += P^T dO, dK += dS^T Q over the step's rows, summed apart and then added: one
-    // fp32 chain over every row of a long sequence (62 500 at 1,2,62500) loses about
-    // sqrt(rows) ulps, and gave dK 1.1e-5 of its size there (bench/results/h200-2026-12-02-9bf674f).
+    // fp32 chain over every row of a long sequence (tens of thousands of rows) loses about
+    // sqrt(rows) ulps.
     float dv_step[4][4 * kDvGroups] = {}, dk_step[4][4] = {};
 #pragma unroll 4
     for (int r = 0; r < kBlockM; ++r) {

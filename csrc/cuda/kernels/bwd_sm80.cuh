@@ -4,10 +4,10 @@
 //   kAtomicDQ  — FlashAttention-2: a CTA owns a K/V row tile, streams every Q tile,
 //                keeps dK/dV in fp32 registers and adds its dQ partials to an fp32
 //                workspace with red.global.add; a small kernel then does dq += scale*dQ.
-//   kCombined  — the seed's schedule: a CTA owns row tile r, computes dK_r/dV_r over all
-//                Q tiles, then dQ_r over all K tiles (S and dP recomputed). Every output
-//                element is written by exactly one CTA in a fixed order, so it needs no
-//                atomics and is bit-reproducible.
+//   kCombined  — a CTA owns row tile r, computes dK_r/dV_r over all Q tiles, then dQ_r
+//                over all K tiles (S and dP recomputed). Every output element is written
+//                by exactly one CTA in a fixed order, so it needs no atomics and is
+//                bit-reproducible.
 // Both are preceded by a preprocess kernel: D = rowsum(dO * O) (and, for kAtomicDQ,
 // zeroing of the fp32 dQ workspace).
 //
@@ -160,10 +160,10 @@ __device__ __forceinline__ void red_add4(float* addr, float a, float b, float c,
 // fragments rather than by column: 16-byte chunk t of a group holds columns 2t, 2t + 1, 8 + 2t,
 // 9 + 2t, which are what lane t of a quad holds of that row in the two n8 fragments of the
 // group. Each lane then adds its values with two vector reductions and no shuffles; the dQ
-// conversion puts the columns back in order. On the H200 this made the wgmma backward 2-3%
-// faster than pair lanes trading halves first (four shuffles and eight selects per lane and
-// block; bench/results/h200-2026-12-03-7281e64/dq_red_ab.txt), the same at half the bytes
-// (8-byte reductions): issuing them is the cost, not the traffic.
+// conversion puts the columns back in order. That measured faster in the wgmma backward than
+// pair lanes trading halves first (four shuffles and eight selects per lane and block), while
+// halving the bytes (8-byte reductions) gained nothing: issuing them is the cost, not the
+// traffic.
 __device__ __forceinline__ int dq_fragment_order_column(int chunk_first_column) {
   const int c = chunk_first_column;
   return (c & ~15) + ((c >> 1) & 6);  // the first of columns 2t, 2t + 1, 8 + 2t, 9 + 2t
@@ -397,7 +397,7 @@ struct Config {
   static constexpr int kDQK = kDQK_, kDV = kDV_;
   static constexpr bool kTM = kL == Layout::kTokenMajor;
   // One warp per 16 owned rows; 8 warps = 128 owned rows halves the dQ atomics of a
-  // 64-row tile and keeps the CTA at one per SM on H200 (the accumulators need ~170 regs).
+  // 64-row tile and keeps the CTA at one per SM (the accumulators need ~170 regs).
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kBlockN = 16 * kWarps;  // owned rows per CTA

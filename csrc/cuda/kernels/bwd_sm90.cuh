@@ -1,11 +1,11 @@
-// FlashAttention-2 backward for Hopper (sm_90a), schedule (a) of flash_bwd_kernel.cuh on
-// asynchronous warpgroup MMAs (wgmma.cuh).
+// FlashAttention-2 backward for Hopper (sm_90a), schedule (a) of bwd_sm80.cuh on asynchronous
+// warpgroup MMAs (wgmma.cuh).
 //
 // One CTA owns 128 keys of one (batch, head) and is two warpgroups, each owning 64 of them: their
 // K and V rows stay in registers as wgmma A fragments, their dK and dV accumulate in registers.
 // The CTA streams the Q, dO, lse and D of 64 query rows per step through a ring of five stages
-// in shared memory (cp.async into the swizzled tiles of flash_fwd_kernel.cuh, which wgmma reads
-// as they are: a step's rows are requested four steps ahead). Per step, for its 64 keys, each
+// in shared memory (cp.async into the swizzled tiles of fwd_sm80.cuh, which wgmma reads as they
+// are: a step's rows are requested four steps ahead). Per step, for its 64 keys, each
 // warpgroup computes
 //   S^T  = K Q^T,  dP^T = V dO^T                 (wgmma, A = K / V registers, B = Q / dO tile)
 //   P^T  = exp2(S^T * scale log2 e - lse log2 e),  dS^T = P^T o (dP^T - D)
@@ -19,58 +19,45 @@
 // partial wave are each shared by several CTAs, each streaming a run of the query rows
 // (bwd_tail_split.h); they sum their dK / dV in the workspace before the epilogue.
 //
-// Where the caller has copied Q and dO to stream images (stream_tile_images.h; kStreamVecBytes ==
-// kStreamTileImages), thread 0 instead fetches each step's Q, dO, lse and D with three bulk
-// copies that complete the stage's "full" mbarrier, which every thread waits on before the
-// step; the CTA barrier of each step still orders the stage's reads before its refill. That
-// takes the copy addressing and cp.async out of the steps (about 100 of some 560 instructions
-// per warp and step in the SASS). Alone it was even at 1,2,62464 on the H200 (bench/tune/
-// tune_bwd.cu with -DTUNE_STREAM_IMAGES, copies included; bench/results/h200-2026-12-03-7281e64/
-// images_tune.txt). With the registers it frees, these instances also compute dQ on wgmma
-// (PSA_FA2_BWD90_DQ_WGMMA, below: each warpgroup 16 of dQ's columns over all 128 keys, A = dS
-// from a 128-byte swizzled dS^T tile), which made them 1.17x faster at 8,4,6400 and 1,2,62464
-// on an H100; the row instances keep dQ on mma.sync, where wgmma was 0.97x. With the copy
-// included, the images are 1.08-1.14x the rows where Q and dO would be copied anyway and from
-// 12 800 tokens on (flash_bwd_wants_stream_tile_images has the measurements).
+// Where the plan (plan.cpp) has Q and dO copied to stream images (stream_tile_images.h;
+// kStreamRead == StreamRead::kStreamImages), thread 0 instead fetches each step's Q, dO, lse
+// and D with three bulk copies that complete the stage's "full" mbarrier, which every thread
+// waits on before the step; the CTA barrier of each step still orders the stage's reads before
+// its refill. That takes the copy addressing and cp.async out of the steps (about 100 of some
+// 560 instructions per warp and step in the SASS), which alone gained little; what it gains is
+// the registers it frees, with which these instances also compute dQ on wgmma (kDQWgmma,
+// below: each warpgroup 16 of dQ's columns over all 128 keys, A = dS from a 128-byte swizzled
+// dS^T tile), clearly faster. The row instances keep dQ on mma.sync, where wgmma was slower.
+// Copy included, the images pay where Q and dO would be copied anyway and on long rows, which
+// is where the plan uses them (measurements: docs/design.md, bench/tune/sm90_experiments.md).
 //
-// The kernel is latency-bound (one CTA of 8 warps per SM; at 5bb34ec Nsight Compute had the
-// tensor pipe 36% busy and an instruction issued every 3 cycles per scheduler), so it spends
-// its spare registers (up to 255 at one CTA per SM) and shared memory on shorter steps.
-// Measured on the H200, bf16, B,H,N = 8,4,6400 / 1,2,62500
-// (bench/results/h200-2026-12-01-a1a6064):
+// The kernel is latency-bound (one CTA of 8 warps per SM; Nsight Compute has the tensor pipe
+// about a third busy and an instruction issued every 3 cycles per scheduler), so it spends its
+// spare registers (up to 255 at one CTA per SM) and shared memory on shorter steps; each of
+// these measured faster:
 //   - Each warp keeps the K operand of dQ (the same every step, 32 registers) from the
-//     prologue on, which took 8 of the 16 ldmatrix off each step's dQ: 2001 -> 1789 us,
-//     12157 -> 11091 us.
+//     prologue on, which takes 8 of the 16 ldmatrix off each step's dQ.
 //   - One CTA barrier per step: the one that publishes both warpgroups' dS^T also publishes
 //     the next step's rows, which the stage ring (three stages or more; the refilled stage is
 //     the previous step's) and two dS^T buffers (the next step writes one while this step's
-//     dQ reads the other) allow: 1900 -> 1685 us, 11571 -> 10317 us, against the two-barrier
-//     build of the same tree (PSA_FA2_BWD90_ONE_BARRIER=0).
-//   - lse and D read before the scores' wgmmas are issued, their latency hidden behind them
-//     (PSA_FA2_BWD90_EARLY_LSE): 1685 -> 1603 us, 10317 -> 9978 us. They are stored in pairs,
-//     so that a thread reads those of its two columns in one 16-byte load; that change was not
-//     timed alone.
-// Measured the same way from 7681a38 to cfad680 (bench/results/h200-2026-12-01-11652e9/
-// bwd_variants.md):
-//   - More stages, so that a step's rows are requested further ahead: three -> four stages
-//     took 1603 -> 1563 us, 9890 -> 9880 us in one call (without the tail split). With it,
-//     three / four / five stages took 1600 / 1592 / 1556 us and 9581 / 9440 / 9610 us in a
-//     second call, and four / five took 1594 / 1571 and 1596 / 1570 us, 9511 / 9647 and 9611 /
-//     9683 us in a third: five is 1.5% faster at 8,4,6400 and 1.3% slower at 1,2,62500.
-//     Requesting the rows after dQ rather than right after the barrier was 10% slower.
-//   - The last wave shared out along the query stream (bwd_tail_split.h): 1655 -> 1592 us,
-//     9951 -> 9440 us, 268 -> 253 us at 16,4,1600, in one call (PSA_FA2_BWD90_TAIL_SPLIT=0
-//     against the default, four stages). Pieces of two steps rather than four: 18.1 -> 16.6 us
-//     at 1,4,400 (16 tiles of 7 steps, now shared by 3 CTAs each).
+//     dQ reads the other) allow.
+//   - lse and D read before the scores' wgmmas are issued, their latency hidden behind them.
+//     They are stored in pairs, so that a thread reads those of its two columns in one 16-byte
+//     load.
+//   - Five stages, so that a step's rows are requested well ahead (right after the barrier:
+//     requesting them after dQ was slower). Four and five are close: five is a little faster
+//     at mid-length rows and a little slower at the longest.
+//   - The last wave shared out along the query stream (bwd_tail_split.h), in pieces of at least
+//     two steps, so that a partial last wave does not leave most SMs idle.
 //
 // The step is a chain in lockstep: S^T and dP^T, the exponentials, dV and dK, the CTA barrier,
-// dQ. The trace, the ablations and the GPU limits behind that, and the variants measured on the
-// H200 and not kept (decoupled or turn-taking warpgroups, dQ on wgmma per warpgroup or on a
-// third warpgroup, bulk dQ reductions, steps of 128 rows, exponentials on the FMA pipe, ...),
-// are in bench/tune/sm90_experiments.md.
+// dQ. The trace, the ablations and the GPU limits behind that, and the variants measured and
+// not kept (decoupled or turn-taking warpgroups, dQ on wgmma per warpgroup or on a third
+// warpgroup, bulk dQ reductions, steps of 128 rows, exponentials on the FMA pipe, ...), are in
+// bench/tune/sm90_experiments.md.
 //
-// The kernel body exists for sm_90a only; other targets compile an empty kernel that the
-// dispatch never launches (flash_bwd_dispatch.cu checks the device and the build).
+// The kernel body exists for sm_90a only; other targets compile an empty kernel that the plan
+// never picks (plan.cpp: DeviceDesc::sm90_kernels, from the device and the build).
 #pragma once
 
 #include "bulk_copy.cuh"
@@ -104,8 +91,9 @@ __device__ __forceinline__ void stsm_x4(uint32_t addr, const uint32_t (&r)[4]) {
                : "memory");
 }
 
-// kVecBytes: the global copy width of K and V; kStreamVecBytes: of the streamed Q and dO, 16 where
-// the caller has copied them to 128-byte aligned rows (attention_cuda.cpp).
+// kVecBytes: the global copy width of K and V; kStreamRead, kStreamVecBytes: how the streamed Q
+// and dO are read: as rows of that width (16 where the plan has them copied to 128-byte aligned
+// rows; launch.cpp makes the copies), or as stream images.
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, StreamRead kStreamRead,
           int kStreamVecBytes>
 struct Sm90BwdTraits {
@@ -162,8 +150,8 @@ struct Sm90BwdTraits {
   static constexpr int kDSOffset =  // dQ on wgmma: swizzle atoms of dS^T aligned
       kDQWgmma ? (kRowStatsOffset + kStages * kBlockM * 8 + 1023) / 1024 * 1024
                : kRowStatsOffset + kStages * kBlockM * 8;
-  // Q, dO, lse and D from stream images (stream_tile_images.h; kStreamVecBytes ==
-  // kStreamTileImages): thread 0 fetches a step's with three bulk copies that complete the
+  // Q, dO, lse and D from stream images (stream_tile_images.h; kStreamRead ==
+  // StreamRead::kStreamImages): thread 0 fetches a step's with three bulk copies that complete the
   // stage's "full" mbarrier, on which every thread waits, instead of every thread copying rows.
   static constexpr bool kStreamImages = kStreamRead == StreamRead::kStreamImages;
   static_assert(!kStreamImages || kCF, "stream images of channel-first Q and dO");
@@ -392,8 +380,8 @@ __global__ void __launch_bounds__(
   // One step: the 64 streamed rows at str0, in stage `stage`. kMasked: some owned key or some
   // streamed row is past N. The caller branches once per step, so the other steps carry no
   // range checks (ptxas would otherwise turn them into selects on every score).
-  // Deferred dQ reductions (PSA_FA2_BWD90_LATE_DQ_RED): the dQ block of the previous step and
-  // where it goes (nullptr: none).
+  // Deferred dQ reductions (dQ on mma.sync): the dQ block of the previous step and where it
+  // goes (nullptr: none).
   float dq_pending[2][4];
   float* dq_pending_row0 = nullptr;
   const int dq_np = warp % (kDk / 16);
@@ -406,8 +394,8 @@ __global__ void __launch_bounds__(
     uint16_t* const ds_buf = sDS + (Tr::kDSBuffers == 2 ? (it & 1) * DSTile::kElems : 0);
     constexpr bool kMasked = decltype(masked)::value;
     // -lse log2 e and D of the columns (query rows) 8j + 2t, 8j + 2t + 1 of this thread: read
-    // before the wgmmas (PSA_FA2_BWD90_EARLY_LSE=1), which hides their latency behind them at
-    // the cost of 32 registers live across them, or once S^T has landed.
+    // before the wgmmas, which hides their latency behind them at the cost of 32 registers live
+    // across them.
     if constexpr (Tr::kStreamImages) {
       bulk_copy::wait(full_bars + 8 * stage, ((it - it_begin) / Tr::kStages) & 1);
     }

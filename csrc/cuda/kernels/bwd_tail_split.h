@@ -1,8 +1,8 @@
 // The last, partial wave of the Hopper backward, shared out along the query stream.
 //
 // The wgmma backward runs one CTA per SM (bwd_sm90.cuh) and each CTA owns one key
-// tile for the whole query stream, so T equal tiles take ceil(T / SMs) tile times: at
-// B,H,N = 8,4,6400, 1600 tiles on 132 SMs are 12 full waves and then 16 tiles alone on the GPU.
+// tile for the whole query stream, so T equal tiles take ceil(T / SMs) tile times, and a last
+// wave of few tiles leaves most SMs idle for a whole tile time.
 // When the last wave is at most half full, its tiles are each shared by `pieces` CTAs that take
 // consecutive runs of the query steps. Those add their dK / dV registers (fp32, in fragment
 // order) to a partial sum in the workspace, and the last of a tile's CTAs to finish writes dk

@@ -3,7 +3,7 @@
 //   kTf32 = false (torch.get_float32_matmul_precision() == "highest"): exact fp32, FFMA (SIMT),
 //                 this file.
 //   kTf32 = true  (otherwise): S = Q K^T and O += P V on mma.sync m16n8k8 .tf32 tensor cores,
-//                 flash_fwd_tf32_kernel.cuh; it shares this file's tiles, copiers and launcher.
+//                 fwd_f32_tf32.cuh; it shares this file's tiles, copiers and launcher.
 //
 // One CTA = 8 warps computes kBlockM = 128 query rows of one (batch, head); warp w owns rows
 // [16w, 16w + 16) for the whole kernel, so the softmax row statistics and the P tile never leave
@@ -14,11 +14,8 @@
 // Grids of fewer CTAs than SMs (1,4,400 is 16 CTAs) split each row tile's key tiles among as
 // many CTAs as fit the SMs once over (FwdParams::kv_splits, up to kMaxKvSplits), in both
 // kernels: each leaves its normalized output and row sum in scratch, and combine_kv_splits
-// weights them by their row sums into out and lse. On the H200 that took the exact kernel at
-// 1,4,400 from 41.4 to 23.4 us (7 CTAs per row tile; bench/results/h200-2026-12-03-e63c410).
-// Both switched on and off in one run (PSA_FA2_DISABLE_F32_KV_SPLITS=1, two alternating runs,
-// bench/results/h200-2026-12-03-fc75ef8/f32_splits): at 1,4,400 exact 20.8 against 40.7 us,
-// TF32 13.7 against 16.9 us.
+// weights them by their row sums into out and lse. Without the splits most SMs would sit idle
+// while a few CTAs each ran a row tile's whole key loop.
 //
 // Shared-memory tiles are stored in one canonical orientation whatever the global layout, every row
 // padded by kPad = 4 floats (keeps 16-byte alignment, and makes transposing 4-byte writes conflict
@@ -26,9 +23,9 @@
 //   Q  [dk][kBlockM]   K [dk][kBlockN]   V [kBlockN][dv]   P (per warp) [kBlockN][16]
 // except that the TF32 path keeps channel-first V as [dv][kBlockN] (F32Traits::kVByChannel).
 // A tile whose unit-stride global dimension is the smem row (channel-first Q/K, token-major V) is
-// copied with cp.async of kVecBytes = 16 or 4 (the dispatch picks it from the real alignment);
-// the others (token-major Q/K, and channel-first V in the exact path) are transposed on the fly
-// with 4-byte cp.async.
+// copied with cp.async of kVecBytes = 16 or 4 (the plan, plan.cpp, picks it from the real
+// alignment); the others (token-major Q/K, and channel-first V in the exact path) are transposed
+// on the fly with 4-byte cp.async.
 // Either way a tile is < 1% of the instructions of its arithmetic.
 //
 // FFMA micro-tiles (exact path): lane = 4 * tx + ty (tx = 0..7, ty = 0..3). A thread owns rows
@@ -125,7 +122,7 @@ __device__ __forceinline__ int block_bh() {
 // blockIdx.x and gridDim.x, likewise re-read opaquely in the epilogue.
 struct RowTileSplit {
   int splits, split, m0;
-  // The split's key tiles [first, last) of the row's n_tiles (at least one: the dispatch keeps
+  // The split's key tiles [first, last) of the row's n_tiles (at least one: the plan keeps
   // splits <= n_tiles).
   __device__ __forceinline__ int2 key_tiles(int n_tiles) const {
     return {split * n_tiles / splits, (split + 1) * n_tiles / splits};
@@ -359,7 +356,7 @@ struct F32Traits {
 };
 
 // One CTA's Q / K / V heads in global memory and the copies of its tiles into shared memory,
-// shared by the exact kernel below and the TF32 one (flash_fwd_tf32_kernel.cuh). The copiers
+// shared by the exact kernel below and the TF32 one (fwd_f32_tf32.cuh). The copiers
 // are built at each copy (F32Traits::q_copier).
 template <class Tr>
 struct F32TileSources {
@@ -573,7 +570,7 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
     }
 
     // ---- Online softmax, base 2 ----
-    // Max on raw scores, scaled once (the dispatch requires scale >= 0); p = 2^(s * c - m).
+    // Max on raw scores, scaled once (the plan requires scale >= 0); p = 2^(s * c - m).
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       float mx = s[i][0];
@@ -611,10 +608,9 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
     __syncwarp();
 
     // ---- O += P V: 4 rows x kTV channels per thread ----
-    // One fp32 chain per output over all of a row's keys: at 1,2,62500 that is 8.6e-6 of O's
-    // size off float64 (bench/results/h200-2026-12-03-0fd4498). Summing each tile's products
-    // apart and adding them to O gave 1.1-1.4e-6 there but ran 8-9% slower at every shape
-    // (more registers live through the loop; bench/results/h200-2026-12-03-311068d), so not.
+    // One fp32 chain per output over all of a row's keys. Summing each tile's products apart
+    // and adding them to O is several times more accurate at long rows, but keeps more
+    // registers live through the loop and measured slower at every shape, so not.
     const float* sVs = sV + stage * Tr::kVFloats;
     const float* sPr = sPw + ty * 4;
 #pragma unroll kUnroll<kDv>
@@ -727,13 +723,13 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
   }
 }
 
-// Defined in flash_fwd_tf32_kernel.cuh, which only the _tf32 instantiation files include.
+// Defined in fwd_f32_tf32.cuh, which only the _tf32 instantiation files include.
 template <int kDk, int kDv, Layout kLayout, int kVecBytes>
 __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBytes, true>::kMinBlocks))
     flash_fwd_tf32_kernel(const __grid_constant__ FwdParams params, const float scale_log2);
 
 // ---------------------------------------------------------------------------------------------
-// Launcher (explicitly instantiated in the generated flash_fwd_f32_<dk>x<dv>_<layout>[_tf32].cu)
+// Launcher
 // ---------------------------------------------------------------------------------------------
 template <int kDk, int kDv, Layout kLayout, int kVecBytes, bool kTf32>
 void launch(const FwdParams& params, cudaStream_t stream) {

@@ -3,7 +3,7 @@
 // cuBLAS's TF32 matmuls.
 //
 // The CTA shape, shared-memory tiles, copiers, pipeline and launcher are those of the exact
-// kernel (flash_fwd_f32_kernel.cuh): 8 warps x 16 query rows, K/V in kBlockN-token tiles
+// kernel (fwd_f32_ffma.cuh): 8 warps x 16 query rows, K/V in kBlockN-token tiles
 // through two cp.async stages, Q [dk][kBlockM], K [dk][kBlockN], V [kBlockN][dv] in shared
 // memory. What differs:
 //   - Channel-first V stays [dv][kBlockN], as global memory has it (16-byte copies instead of

@@ -11,7 +11,7 @@
 //   channel-first (stride_n == 1): tiles are stored [d][token]; Q and K need ldmatrix.trans,
 //                V is already "col" for P V and uses plain ldmatrix.
 // Tiles are copied with cp.async of kVecBytes = 16, 8 or 4 bytes, the widest size that every
-// tile row start allows (flash_fwd_dispatch.cu picks it from the real pointers and strides):
+// tile row start allows (the plan, plan.cpp, picks it from the real pointers and strides):
 // 16 whenever rows are 16-byte aligned; channel-first views with stride_d = N take 8 when
 // N % 4 == 0, 4 when N is even. Odd N (kVecBytes = 2) has no cp.async form and uses synchronous
 // 2-byte loads (TileScalarCopier). Token-major is always 16.
@@ -190,7 +190,7 @@ struct SmemTile {
 
 // Copies tiles from global memory with cp.async of kVecBytes (16, 8 or 4) = kVecElems elements.
 // Global element (row, col) of a tile lives at gtile + row * row_stride + col (unit stride along
-// a tile row; flash_fwd_supported checked that the pointers and row_stride keep every vector
+// a tile row; the plan (plan.cpp) checked that the pointers and row_stride keep every vector
 // kVecBytes-aligned). Thread tid copies vector tid % kVecsPerRow of rows tid / kVecsPerRow +
 // i * kRowStep. Everything per thread is computed once, so a K/V tile costs one 64-bit add and
 // one shared address per vector: keeping this state small is what keeps the kernel under the
@@ -333,7 +333,7 @@ struct TileScalarCopier {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Shared by the kernels of this file and the Hopper kernels (flash_*_sm90_kernel.cuh)
+// Shared by the kernels of this file and the Hopper kernels (fwd_sm90.cuh, bwd_sm90.cuh)
 // ---------------------------------------------------------------------------------------------
 // The copier of a tile with kVecBytes-wide global vectors. kVecBytes = 2 (odd N, channel-first)
 // has no cp.async form: synchronous 2-byte loads. std::conditional_t instantiates both
@@ -606,7 +606,7 @@ __device__ __forceinline__ void store_out_lse(const FwdParams& params, const flo
 // The kernel
 // ---------------------------------------------------------------------------------------------
 // kVecBytes: the global-memory access width (16, 8, 4 or 2 bytes) that every tile row start
-// allows (flash_fwd_supported decides). Only the channel-first layout has the narrower variants.
+// allows (the plan, plan.cpp, picks it). Only the channel-first layout has the narrower variants.
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes>
 struct FwdTraits {
   static_assert(kDk % 16 == 0 && kDv % 16 == 0, "head dims must be multiples of 16");
@@ -773,7 +773,7 @@ __global__ void __launch_bounds__(kThreads,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Launcher (explicitly instantiated in the generated flash_fwd_<dtype>_<dk>x<dv>_<layout>.cu)
+// Launcher
 // ---------------------------------------------------------------------------------------------
 // kKernel (this file's or the sm_90 one, with Tr's shared memory and CTA size) on the grid of
 // Tr::kRowsPerCta-row tiles.

@@ -1,6 +1,6 @@
 // FlashAttention-2 forward for Hopper (sm_90a): the tiling, copies, softmax and epilogue of
-// flash_fwd_kernel.cuh, with the two products on asynchronous warpgroup MMAs (wgmma.cuh)
-// instead of mma.sync.
+// fwd_sm80.cuh, with the two products on asynchronous warpgroup MMAs (wgmma.cuh) instead of
+// mma.sync.
 //
 // One CTA is one warpgroup (4 warps) and computes 64 query rows of one (batch, head); with tile
 // images (below) it is two warpgroups on 128 rows or three on 192. Q stays in registers (the A
@@ -9,21 +9,19 @@
 // is one of wgmma's own: channel-first K and token-major V are read transposed (MN-major),
 // token-major K and channel-first V as they are (K-major).
 //
-// K and V may instead come as tile images (kKVVecBytes == kKVTileImages, "cft"; the caller
-// copies them, flash_fwd_wants_kv_tile_images): each 64-key tile of K and V already in the
-// order and swizzle of a shared stage, so that thread 0 fetches a step's tiles with one bulk
-// copy completing an mbarrier, four stages deep, which every thread waits on; and the CTA is
-// two warpgroups (128 rows, "cft") that share every stage. Each CTA reads all of its head's K
-// and V from L2, which at 64 rows per CTA comes to about 6 TB/s at 1,2,62500 and 8,4,6400
-// (23 GB in 3.9 ms, 3.9 GB in 0.66 ms); sharing the stages halves that. On the H200 (bf16,
-// bench/results/h200-2026-12-01-12c03e1) this gained 1.02-1.10x from 12800 tokens on (and lost
-// below), which is where the dispatch uses it.
-// "cft3" (kKVVecBytes == kKVTileImages3) is the CTA shape of FlashAttention-4's Hopper forward
-// for head dims up to 64: three warpgroups (192 rows, one CTA per SM, up to 168 registers) on
-// steps of two tiles (128 keys; S is then 64 registers). Per SM and key it runs about 6%
-// faster than "cft" on long rows (within 2% before both pinned their row sums); what also
-// changes is the last wave, and the dispatch weighs both (kv_image_kernel: 1.11-1.12x at
-// 2,2,31250 and 1,2,62500). A step's second tile may be missing at the end of a row: the
+// K and V may instead come as tile images (kKVRead != KVRead::kRows; copied first where the
+// plan, plan.cpp, asks): each 64-key tile of K and V already in the order and swizzle of a
+// shared stage, so that thread 0 fetches a step's tiles with one bulk copy completing an
+// mbarrier, four stages deep, which every thread waits on; and the CTA is two warpgroups (128
+// rows, KVRead::kTileImages2wg) that share every stage. Each CTA reads all of its head's K and
+// V from L2, which at 64 rows per CTA keeps L2 busy at several TB/s on long rows; sharing the
+// stages halves that. The copy pays for itself on long rows only, which is where the plan uses
+// the images.
+// KVRead::kTileImages3wg is the CTA shape of FlashAttention-4's Hopper forward for head dims up
+// to 64: three warpgroups (192 rows, one CTA per SM, up to 168 registers) on steps of two tiles
+// (128 keys; S is then 64 registers). Per SM and key it is somewhat faster than two warpgroups
+// on long rows; what also changes is the last wave, and the plan weighs both
+// (Sm90Fwd::image_kernel). A step's second tile may be missing at the end of a row: the
 // prologue zeroes the stages, so that its keys (masked, P = 0) multiply zeros or an earlier
 // tile's V (which, were it not finite, had made the output so already).
 //
@@ -44,29 +42,22 @@
 // (__syncthreads_or), because the recomputation is a wgmma and so must be taken by all four
 // warps together. That drops the max tree, its shuffles, the alpha exponentials and the
 // rescale vote from the common step (about 40 of its 270 instructions per warp, 2 of its 34
-// MUFU ops) and gives the same probabilities as taking the lazy max every tile. Measured on
-// the H200 (bf16, channel-first, bench/fwd_kernels.py) against taking the lazy max every
-// tile: 4160 against 4463 us at B,H,N = 1,2,62500, 634 against 653 us at 8,4,6400.
-// The "cft3" kernel (three warpgroups on tile images) decides per warp instead, where its
-// barrier would publish no copies anyway: a warp whose rows need it recomputes their S on
-// mma.sync (warp_scores, from the stage) right after packing P, so that the step has no
-// warpgroup barrier at all. Kernels alone (bench/tune/tune_fwd.cu on the H200; in
-// bench/results/h200-2026-12-02, kernel_ab_warp_redo.txt with lane 0 releasing the stage for
-// its warp, kernel_ab_all_lanes.txt with every lane releasing it after a redo, as racecheck
-// needs), per-warp against warpgroup decisions: "cft3" 1.02-1.04x at 1,2,62500, 1.04x at
-// 1,1,100000, 1.05x at 8,4,6400, 0.99x at 2,2,31250; "cft" 1.03-1.05x in the first
-// but 0.97-0.99x in the second, so "cft" keeps the warpgroup vote. PSA_FA2_SM90_WARP_REDO=0
-// or 1 (an experiment) gives both image kernels the vote or the per-warp decision.
+// MUFU ops) and gives the same probabilities as taking the lazy max every tile, in less time.
+// The three-warpgroup kernel decides per warp instead (kWarpRedo), where its barrier would
+// publish no copies anyway: a warp whose rows need it recomputes their S on mma.sync
+// (warp_scores, from the stage) right after packing P, so that the step has no warpgroup
+// barrier at all. That measured faster for three warpgroups but not for two, so the
+// two-warpgroup kernel keeps the warpgroup vote.
 //
 // At long rows a step is bound by its exponentials: the MUFU computes them at about two thirds
 // of its rate while the products fill the tensor cores, and a warpgroup issuing its products
 // waits while the others' run. The profiles, traces and GPU limits behind that, and the
-// variants measured on the H200 and not kept (ping-pong, S issued a step ahead, exponentials
-// on the FMA pipe, offsets in the product, Q from shared memory, P V split, ...), are in
+// variants measured and not kept (ping-pong, S issued a step ahead, exponentials on the FMA
+// pipe, offsets in the product, Q from shared memory, P V split, ...), are in
 // bench/tune/sm90_experiments.md.
 //
-// The kernel body exists for sm_90a only; other targets compile an empty kernel that the
-// dispatch never launches (flash_fwd_dispatch.cu checks the device and the build).
+// The kernel body exists for sm_90a only; other targets compile an empty kernel that the plan
+// never picks (plan.cpp: DeviceDesc::sm90_kernels, from the device and the build).
 #pragma once
 
 #include "bulk_copy.cuh"
@@ -76,13 +67,14 @@
 namespace psa_fa2 {
 namespace flash_fwd_detail {
 
-// kVecBytes: the access width of Q and out; kKVVecBytes: of K and V, which every CTA streams, or
-// kKVTileImages (attention_params.h): each 64-key tile of a head's K and V, in the order and
-// swizzle of the kernel's shared stages, is then one contiguous block of global memory
-// (copy_rows.cu's tiled mode) that one thread copies with a bulk copy (bulk_copy.cuh), which
-// takes the copies' addressing and the cp.async waits out of the steps. The widths differ
-// where the dispatch's caller has copied K and V to 128-byte aligned rows or to tile images
-// (attention_cuda.cpp) and left the others as they came.
+// kVecBytes: the access width of Q and out. kKVRead, kKVVecBytes: how K and V, which every CTA
+// streams, are read: as rows of kKVVecBytes-wide vectors, or as tile images (KVRead in
+// attention_params.h; kKVVecBytes is then 16 and unused): each 64-key tile of a head's K and V,
+// in the order and swizzle of the kernel's shared stages, is then one contiguous block of global
+// memory (copy_rows.cu's tiled mode) that one thread copies with a bulk copy (bulk_copy.cuh),
+// which takes the copies' addressing and the cp.async waits out of the steps. The widths differ
+// where the plan has K and V copied to 128-byte aligned rows or to tile images (launch.cpp
+// makes the copies) and Q and out are left as they came.
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, KVRead kKVRead, int kKVVecBytes>
 struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   using Base = FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
@@ -92,29 +84,24 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static_assert(kDk % 16 == 0, "k16 steps of Q K^T");
   static constexpr bool kKVImages = kKVRead != KVRead::kRows;
   static_assert(!kKVImages || kCF, "tile images of channel-first K and V");
-  // 64-row warpgroups per CTA. With tile images, 2 ("cft") or 3 ("cft3"): all read each stage;
-  // each takes its lazy-max decision at its own named barrier (or each warp its own, with
-  // kWarpRedo) and releases a stage through an "empty" mbarrier, which the copying thread
-  // waits on before refilling it.
+  // 64-row warpgroups per CTA. With tile images, 2 or 3 (kTileImages2wg / kTileImages3wg): all
+  // read each stage; each takes its lazy-max decision at its own named barrier (or each warp its
+  // own, with kWarpRedo) and releases a stage through an "empty" mbarrier, which the copying
+  // thread waits on before refilling it.
   static constexpr int kWarpgroups =
       kKVRead == KVRead::kTileImages3wg ? 3 : kKVRead == KVRead::kTileImages2wg ? 2 : 1;
   static constexpr int kCtaThreads = 128 * kWarpgroups;
   static constexpr bool kWarpRedo = kKVRead == KVRead::kTileImages3wg;
   static constexpr int kRowsPerCta = kBlockM * kWarpgroups;
-  // Each lane's row sums of a tile, used only where the tile is not redone, were left by ptxas
+  // Each lane's row sums of a tile, used only where the tile is not redone, are left by ptxas
   // after the redo vote, as a chain of dependent FADDs at the end of the step. With tile images
-  // they are pinned among the exponentials instead (kEarlySums), "cft" adding them up as a tree
-  // (kSumTree), "cft3" in order. Kernels alone on the H200 (bench/tune/tune_fwd.cu,
-  // bench/results/h200-2026-12-02-eb645f6: sums_tree.txt, sum_variants.txt), against the chain
-  // after the vote: "cft3" 1.07x at 1,2,62500 and 2,2,31250, 1.04x at 8,4,6400 (with the tree
-  // 0.95x / 0.93x / 1.00x); "cft" 1.02x at 8,4,6400 and 4,4,12800, 1.06x at 1,2,62500 (a
-  // pinned chain was not measured on it). The row kernels keep the chain after the vote:
-  // pinned, 1.00-1.01x; as a tree, 0.98-0.99x.
+  // they are pinned among the exponentials instead (kEarlySums), the two-warpgroup kernel adding
+  // them up as a tree (kSumTree), the three-warpgroup one in order: what measured fastest for
+  // each. The row kernels keep the chain after the vote, where neither change gained.
   static constexpr bool kEarlySums = kKVImages;
   static constexpr bool kSumTree = kKVRead == KVRead::kTileImages2wg;
   // Tiles of 64 keys (one wgmma n64 / one 128-byte swizzle atom per row); one softmax step
-  // takes kSubTiles of them: 2 in "cft3", else 1 (PSA_FA2_SM90_SUB_TILES, an experiment, sets
-  // it for the row copies).
+  // takes kSubTiles of them: 2 with three warpgroups, else 1.
   static constexpr int kTileN = 64;
   static constexpr int kSubTiles = kKVRead == KVRead::kTileImages3wg ? 2 : 1;
   static constexpr int kBlockN = kTileN * kSubTiles;  // keys per step
@@ -173,7 +160,7 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   // about 133, which is 3 CTAs per SM; at 4 it uses 118-126, no spills). The 2-byte loads of
   // K and V at odd N (32 in flight) and two tiles per step need 2 to stay free of spills. With
   // tile images: 2 CTAs of two warpgroups, or 1 of three (<= 168 registers: S of 128 keys is 64
-  // of them). PSA_FA2_SM90_MIN_BLOCKS overrides it (experiments).
+  // of them).
   static constexpr int kMinBlocks =
       kWarpgroups == 3 ? 1 : (kSubTiles == 1 && kKVVecBytes != 2 ? 4 : 2) / kWarpgroups;
 };
@@ -305,7 +292,7 @@ __global__ void __launch_bounds__(
   auto wait_image = [&](int j) {
     bulk_copy::wait(full_bars + 8 * (j & Tr::kStageMask), (j / Tr::kStages) & 1);
   };
-  // Tile j goes into its stage once every warp of both warpgroups has released the stage's
+  // Tile j goes into its stage once every warp of the CTA has released the stage's
   // previous tile, j - kStages (release_image).
   auto wait_stage_free = [&](int j) {
     if (j >= Tr::kStages) {
@@ -414,7 +401,7 @@ __global__ void __launch_bounds__(
       if constexpr (Tr::kKVImages) {
         // The stage's descriptor plus each step's constant: nvcc 13.0 shifts the sum of the two
         // for every step otherwise (13 more uniform instructions per step). The row-copy
-        // instantiations keep the form they were measured with on the H200.
+        // instantiations keep the single sum, the form their schedule was tuned with.
         desc = v_desc + VOp::advance(stage_bytes) + VOp::advance(step_bytes);
       } else {
         desc = v_desc + VOp::advance(stage_bytes + step_bytes);
@@ -620,8 +607,7 @@ __global__ void __launch_bounds__(
 
 }  // namespace flash_fwd_detail
 
-// Explicitly instantiated in the generated flash_fwd_sm90_*.cu files, declared in
-// flash_fwd_sm90_instances.h.
+// Instantiated in instances/sm90_fwd_*.cu (generate_instances.py), declared in launchers.h.
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, KVRead kKVRead,
           int kKVVecBytes>
 void launch_fwd_sm90(const FwdParams& params, cudaStream_t stream) {

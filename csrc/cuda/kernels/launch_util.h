@@ -8,8 +8,8 @@
 
 namespace psa_fa2 {
 
-// Opting a kernel into more than 48 KB of dynamic shared memory is a driver call; at
-// N = 400 a whole forward takes microseconds, so it is done once per kernel and device
+// Opting a kernel into more than 48 KB of dynamic shared memory is a driver call, and a short
+// forward takes only microseconds, so it is done once per kernel and device
 // instead of on every launch. The kernel is a template argument so that each kernel (not
 // each kernel signature) has its own flags.
 template <auto kKernel>

@@ -2,7 +2,8 @@
 // fragments: 16 query rows x (8 * kTiles) keys, lane (g = lane / 4, t = lane % 4) holding
 // s[i][0..1] = row g, keys 8i + 2t, 8i + 2t + 1 and s[i][2..3] = the same keys of row g + 8
 // (the C layout of mma.sync m16n8kK, whatever the input type). Shared by the bf16 / fp16
-// kernel (flash_fwd_kernel.cuh) and the TF32 one (flash_fwd_tf32_kernel.cuh).
+// kernels (fwd_sm80.cuh, and fwd_sm90.cuh's wgmma accumulators, which have the same layout)
+// and the TF32 one (fwd_f32_tf32.cuh).
 #pragma once
 
 #include <cuda_runtime.h>

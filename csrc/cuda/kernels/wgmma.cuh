@@ -1,6 +1,6 @@
 // Hopper warpgroup MMA (wgmma, sm_90a only) and the shared-memory operand layout it reads.
 //
-// Only what the Hopper kernels (flash_fwd_sm90_kernel.cuh, flash_bwd_sm90_kernel.cuh) need:
+// Only what the Hopper kernels (fwd_sm90.cuh, bwd_sm90.cuh) need:
 // D(64 x n, fp32) += A(64 x 16, registers) x B(16 x n, shared memory) for n = 64 and 32, bf16 /
 // fp16, issued asynchronously by the 4 warps of a warpgroup. Callers must only instantiate
 // these on sm_90a (__CUDA_ARCH_FEAT_SM90_ALL).
@@ -13,7 +13,7 @@
 //       the same columns of row g+8.
 // So an accumulator block of scores converts into the A fragment of P exactly as with mma.sync.
 //
-// B is read from the dense, XOR-swizzled shared tiles of flash_fwd_kernel.cuh (SmemTile): a
+// B is read from the dense, XOR-swizzled shared tiles of fwd_sm80.cuh (SmemTile): a
 // tile with 128-, 64- or 32-byte rows permutes the 16-byte chunks of row r by the same key as
 // the wgmma 128-, 64- or 32-byte swizzle modes do for a tile whose 8-row atoms start at
 // multiples of 8 rows (1024, 512 or 256 bytes), so wgmma reads them as they are. OperandB gives
