@@ -7,49 +7,14 @@
 #include <string>
 
 #include "cuda/attention_params.h"
+#include "layout.h"
+#include "messages.h"
 
 namespace psa_fa2 {
 
 // Largest head dim any kernel accepts (the reference kernels keep two values per
 // thread of a 128-thread CTA).
 constexpr int64_t kMaxHeadDim = 256;
-
-// Messages are built from strings only: streaming integers into an ostream from this
-// library crashed on one torch build (a libstdc++ mismatch in ostream's number
-// formatting), and an error path must never crash.
-inline std::string str(int64_t x) { return std::to_string(x); }
-
-inline std::string str(at::IntArrayRef xs) {
-  std::string out = "[";
-  for (size_t i = 0; i < xs.size(); ++i) out += (i ? ", " : "") + std::to_string(xs[i]);
-  return out + "]";
-}
-
-inline std::string str(const at::Device& d) { return d.str(); }
-
-inline std::string describe(const at::Tensor& t) {
-  return "shape " + str(t.sizes()) + " strides " + str(t.strides()) + " dtype " +
-         c10::toString(t.scalar_type()) + " on " + str(t.device());
-}
-
-// A logical [B, H, N, D] tensor is token-major when D has stride 1 and channel-first
-// when N has stride 1; a dimension of size <= 1, or an empty tensor, has no stride that
-// matters.
-inline bool is_token_major(const at::Tensor& t) {
-  return t.numel() == 0 || t.size(3) <= 1 || t.stride(3) == 1;
-}
-inline bool is_channel_first(const at::Tensor& t) {
-  return t.numel() == 0 || t.size(2) <= 1 || t.stride(2) == 1;
-}
-
-inline const char* layout_name(Layout layout) {
-  return layout == Layout::kTokenMajor ? "token-major" : "channel-first";
-}
-
-struct AttnShape {
-  int64_t batch, heads, seqlen, head_dim_qk, head_dim_v;
-  Layout layout;
-};
 
 // The dtype of lse and of every accumulator: fp32, or fp64 for float64 inputs.
 inline at::ScalarType accumulate_dtype(at::ScalarType dtype) {
@@ -72,28 +37,6 @@ inline void check_shape(const at::Tensor& t, const char* name, at::IntArrayRef e
                         const char* dims) {
   TORCH_CHECK(t.sizes() == expected, name, " must have shape ", str(expected), " ", dims, ", got ",
               describe(t));
-}
-
-// One layout for a whole call: token-major if every tensor allows it, else channel-first
-// if every tensor allows that.
-inline Layout common_layout(std::initializer_list<std::pair<const char*, const at::Tensor*>> ts) {
-  bool token_major = true, channel_first = true;
-  for (const auto& [name, t] : ts) {
-    token_major = token_major && is_token_major(*t);
-    channel_first = channel_first && is_channel_first(*t);
-  }
-  if (token_major) return Layout::kTokenMajor;
-  if (channel_first) return Layout::kChannelFirst;
-  std::string got;
-  for (const auto& [name, t] : ts) {
-    got += std::string(" ") + name + ": " +
-           (is_token_major(*t) ? "token-major" : is_channel_first(*t) ? "channel-first" : "neither") +
-           " (strides " + str(t->strides()) + ");";
-  }
-  TORCH_CHECK(false,
-              "all tensors of one call must share one layout of the logical [B, H, N, D] view: "
-              "token-major (stride(-1) == 1) or channel-first (stride(-2) == 1); got",
-              got);
 }
 
 inline AttnShape check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -155,21 +98,11 @@ inline AttnShape check_bwd_inputs(const at::Tensor& dout, const at::Tensor& q, c
   return s;
 }
 
-// Allocates a logical [B, H, N, D] tensor in the given layout (channel-first: the
-// transpose of a contiguous [B, H, D, N], made in one op).
-inline at::Tensor empty_in_layout(const AttnShape& s, int64_t d, Layout layout,
-                                  const at::TensorOptions& options) {
-  if (layout == Layout::kTokenMajor) return at::empty({s.batch, s.heads, s.seqlen, d}, options);
-  return at::empty_strided({s.batch, s.heads, s.seqlen, d},
-                           {s.heads * d * s.seqlen, d * s.seqlen, 1, s.seqlen}, options);
-}
-
 // For bwd(accumulate=False) where the kernel can only add: dq = dk = 0 first.
 inline void zero_qk_grads(at::Tensor& dq, at::Tensor& dk) {
   dq.zero_();
   dk.zero_();
 }
-
 
 inline Impl parse_impl(c10::string_view impl) {
   if (impl == "auto") return Impl::kAuto;

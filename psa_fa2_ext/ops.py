@@ -51,6 +51,9 @@ def bwd(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
 
 
 # --- layouts -----------------------------------------------------------------------------
+# The rules of csrc/layout.h, stated again for the fake kernels and the compiled autograd:
+# they run on symbolic shapes, which the C++ helpers cannot read. tests/test_layout_rules.py
+# checks that both give the same answers.
 
 def _token_major(t: Tensor) -> bool:
     return t.numel() == 0 or t.size(3) <= 1 or t.stride(3) == 1
@@ -61,7 +64,7 @@ def _channel_first(t: Tensor) -> bool:
 
 
 def _common_layout(*ts: Tensor) -> str | None:
-    """The layout the operators pick for these tensors (csrc/checks.h: common_layout)."""
+    """The layout the operators pick for these tensors (csrc/layout.h: shared_layout)."""
     if all(_token_major(t) for t in ts):
         return "token_major"
     if all(_channel_first(t) for t in ts):

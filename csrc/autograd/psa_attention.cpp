@@ -59,24 +59,6 @@ void call_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
 // [B, H, D, N] (the block's view) as the operators' logical [B, H, N, D].
 at::Tensor tokens_by_dims(const at::Tensor& t) { return t.transpose(2, 3); }
 
-// `t` ([B, H, N, D]) in `layout`, copied only when it is not.
-at::Tensor in_layout(const at::Tensor& t, Layout layout) {
-  if (layout == Layout::kTokenMajor) return is_token_major(t) ? t : t.contiguous();
-  return is_channel_first(t) ? t : t.transpose(2, 3).contiguous().transpose(2, 3);
-}
-
-at::Tensor empty_like_in_layout(const at::Tensor& like, Layout layout) {
-  const AttnShape s{like.size(0), like.size(1), like.size(2), like.size(3), like.size(3), layout};
-  return empty_in_layout(s, like.size(3), layout, like.options());
-}
-
-// Token-major when q, k and v all are, else channel-first: the layout operator_inputs
-// puts them in.
-Layout layout_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  if (is_token_major(q) && is_token_major(k) && is_token_major(v)) return Layout::kTokenMajor;
-  return Layout::kChannelFirst;
-}
-
 // The attention result as the block wants it: [B, H, dv, N], contiguous, so that
 // `.view(B, H * dv, h, w)` is free. A channel-first `out` is that already; a token-major
 // one (channels_last inputs) is copied once. Detached from out's view chain, so autograd
@@ -92,8 +74,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> operator_inputs(const at::Tensor&
                                                                const at::Tensor& k,
                                                                const at::Tensor& v,
                                                                Layout fallback) {
-  if (layout_of(q, k, v) == Layout::kTokenMajor) return {q, k, v};
-  if (is_channel_first(q) && is_channel_first(k) && is_channel_first(v)) return {q, k, v};
+  if (shared_layout({&q, &k, &v})) return {q, k, v};
   return {in_layout(q, fallback), in_layout(k, fallback), in_layout(v, fallback)};
 }
 
@@ -144,7 +125,7 @@ struct SeparateQKV : public torch::autograd::Function<SeparateQKV<kOperands>> {
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
-    const Layout layout = layout_of(q, k, v);
+    const Layout layout = common_layout({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
     const at::Tensor dout = in_layout(swap_block_dims<kOperands>(grads[0]), layout);
     at::Tensor dq = empty_like_in_layout(q, layout), dk = empty_like_in_layout(k, layout),
                dv = empty_like_in_layout(v, layout);
