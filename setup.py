@@ -137,6 +137,6 @@ setup(
     packages=find_packages(include=["psa_fa2_ext", "psa_fa2_ext.*"]),
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
-    python_requires=">=3.9",
+    python_requires=">=3.10",
     install_requires=["torch>=2.4"],
 )
