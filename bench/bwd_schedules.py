@@ -2,8 +2,9 @@
 deterministic=False (schedule (a): K/V-tile CTAs, dQ by fp32 atomics) and deterministic=True
 (schedule (b): row-tile CTAs, no atomics), on the benchmark's shapes, channel-first (32, 64).
 On Hopper, where schedule (a) runs on the wgmma kernel by default, the (a) and (b) columns are
-the mma.sync kernels (PSA_FA2_DISABLE_SM90=1) and a last column pair adds the wgmma (a), with
-the largest relative difference of its gradients from the mma.sync kernel's.
+the mma.sync kernels (psa_fa2_ext._testing.force(no_sm90=True)) and a last column pair adds
+the wgmma (a), with the largest relative difference of its gradients from the mma.sync
+kernel's.
 
     python bench/bwd_schedules.py [--dtypes bf16 fp16] [--shapes 16x4x400 ...]
 
@@ -12,13 +13,12 @@ calls between CUDA events, divided by `CALLS`: device time only, no launch gaps.
 markdown table.
 """
 import argparse
-import contextlib
-import os
 import statistics
 
 import torch
 
 import psa_fa2_ext  # noqa: F401  (registers torch.ops.psa_fa2)
+from psa_fa2_ext import _testing
 
 SHAPES = [(16, 2, 400), (16, 4, 400), (64, 4, 400), (1, 4, 400), (16, 4, 1600), (8, 4, 6400),
           (1, 2, 62500)]
@@ -104,14 +104,10 @@ def gradients(args):
     return dq, dk, dv
 
 
-@contextlib.contextmanager
 def mma_sync_kernels():
-    """The mma.sync kernels that Ampere runs, on Hopper too (PSA_FA2_DISABLE_SM90=1)."""
-    os.environ["PSA_FA2_DISABLE_SM90"] = "1"
-    try:
-        yield
-    finally:
-        os.environ.pop("PSA_FA2_DISABLE_SM90")
+    """The mma.sync kernels that Ampere runs, on Hopper too, for the calls inside the block
+    (kernels are planned per call, so a graph captured inside keeps them)."""
+    return _testing.force(no_sm90=True)
 
 
 if __name__ == "__main__":

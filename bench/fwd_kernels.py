@@ -1,7 +1,7 @@
 """The two bf16 / fp16 forward kernels side by side on a Hopper GPU: the wgmma one
-(flash_fwd_sm90_kernel.cuh, the default there) and the mma.sync one that other GPUs run
-(PSA_FA2_DISABLE_SM90=1), on the benchmark's shapes, (32, 64), channel-first (the PSA views)
-or token-major.
+(csrc/cuda/kernels/fwd_sm90.cuh, the default there) and the mma.sync one that other GPUs run
+(forced with psa_fa2_ext._testing.force(no_sm90=True)), on the benchmark's shapes, (32, 64),
+channel-first (the PSA views) or token-major.
 
     python bench/fwd_kernels.py [--dtypes bf16 fp16] [--shapes 16x4x400 ...] [--layouts cf tm]
 
@@ -19,7 +19,7 @@ from bwd_schedules import DTYPES, SHAPES, graph_time_us, mma_sync_kernels, parse
 
 
 def forward_time_us(q, k, v, disable_sm90):
-    """The kernel is picked when the graph is captured, so the switch is set around it."""
+    """The kernel is planned when the graph is captured, so the override is set around it."""
     with mma_sync_kernels() if disable_sm90 else contextlib.nullcontext():
         out = torch.ops.psa_fa2.fwd(q, k, v, q.shape[-1] ** -0.5, "fast")[0]
         return graph_time_us(lambda: torch.ops.psa_fa2.fwd(q, k, v, q.shape[-1] ** -0.5, "fast")), out
@@ -33,7 +33,7 @@ def main():
     args = parser.parse_args()
     if torch.cuda.get_device_capability() != (9, 0):
         raise SystemExit("the wgmma forward runs on compute capability 9.0 (Hopper) only")
-    if "flash_fwd_sm90" not in psa_fa2_ext.build_info()["cuda_kernels"]:
+    if "wgmma" not in psa_fa2_ext.build_info()["cuda_kernels"]:
         raise SystemExit("this build has no wgmma forward (build for TORCH_CUDA_ARCH_LIST=9.0a)")
     dk, dv = 32, 64
     print(f"{torch.cuda.get_device_name()}, ({dk}, {dv})\n")

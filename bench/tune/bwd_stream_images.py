@@ -4,11 +4,12 @@ GPU (the images feed the wgmma backward):
     python bench/tune/bwd_stream_images.py [--dtype bf16] [--shapes 1x2x62500 ...]
 
 For each shape, the block's split views (rows N elements apart) run torch.ops.psa_fa2.bwd
-(schedule (a)) with Q and dO copied to stream images (PSA_FA2_BWD_STREAM_IMAGES=1) and without
-(=0: the aligned row copies where their thresholds say, else the views as given). Times are
-medians of CUDA-graph replays (bench/bwd_schedules.py), device time only: the preprocess, the
-copies and the dQ conversion are part of the op's time. Each shape runs both ways twice, in
-alternating order, and reports both; the gain is the rows' time over the images'.
+(schedule (a)) with Q and dO copied to stream images and without, forced with
+psa_fa2_ext._testing.force (stream_images="always"; "never": the aligned row copies where the
+plan's thresholds say, else the views as given). Times are medians of CUDA-graph replays
+(bench/bwd_schedules.py), device time only: the preprocess, the copies and the dQ conversion
+are part of the op's time. Each shape runs both ways twice, in alternating order, and reports
+both; the gain is the rows' time over the images'.
 """
 import argparse
 import os
@@ -17,13 +18,13 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-sys.path.insert(0, os.path.dirname(__file__))
 import psa_fa2_ext  # noqa: E402,F401  (registers torch.ops.psa_fa2)
 from bwd_schedules import DTYPES, bwd_inputs, graph_time_us, parse_shape  # noqa: E402
-from kv_tile_images import environment  # noqa: E402
+from psa_fa2_ext import _testing  # noqa: E402
 
 DK, DV = 32, 64
-WAYS = {"images": {"PSA_FA2_BWD_STREAM_IMAGES": "1"}, "rows": {"PSA_FA2_BWD_STREAM_IMAGES": "0"}}
+# Each way is the whole set of plan overrides (psa_fa2_ext._testing.force) it runs under.
+WAYS = {"images": {"stream_images": "always"}, "rows": {"stream_images": "never"}}
 DEFAULT_SHAPES = ["1x4x400", "16x4x400", "64x4x400", "16x4x1600", "16x4x1601", "8x4x6400",
                   "8x4x6401", "8x4x6404", "2x4x12800", "1x2x62500", "1x2x62464"]
 
@@ -41,8 +42,8 @@ def main():
     for B, H, N in args.shapes:
         inputs = bwd_inputs(B, H, N, dtype, DK, DV)
 
-        def timed(way):
-            with environment(WAYS[way]):
+        def timed(way):  # planned when the graph is captured: the overrides are set around it
+            with _testing.force(**WAYS[way]):
                 return graph_time_us(lambda: torch.ops.psa_fa2.bwd(*inputs, "fast", False))
 
         first = {way: timed(way) for way in WAYS}

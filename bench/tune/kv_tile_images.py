@@ -3,18 +3,17 @@ on a CUDA GPU (Hopper: the copies feed the wgmma kernel).
 
     python bench/tune/kv_tile_images.py [--dtype bf16] [--shapes 1x2x62500 ...]
 
-For each shape, the block's split views (rows N elements apart) run the forward three ways:
-K / V copied to tile images (PSA_FA2_KV_TILE_IMAGES=1), without them (=0: the aligned row
-copies where their thresholds say, else the views as given), and with no copies at all
-(PSA_FA2_DISABLE_ALIGNED_COPIES=1); with --warpgroups also on tile images read by CTAs of two
-and of three warpgroups (PSA_FA2_KV_TILE_IMAGES=2 / 3; "images" is the one the dispatch
-picks). Times are medians of CUDA-graph replays
-(bench/bwd_schedules.py), device time only: the copies are part of the op's time. Each shape
-runs the ways twice, in alternating order, and reports both; the gain is the rows'
-time over the images'.
+For each shape, the block's split views (rows N elements apart) run the forward three ways,
+forced with psa_fa2_ext._testing.force: K / V copied to tile images (kv_images="always"),
+without them (kv_images="never": the aligned row copies where the plan's thresholds say, else
+the views as given), and with no copies at all (no_copies=True); with --warpgroups also on tile
+images read by CTAs of two and of three warpgroups (kv_images="always" with
+kv_image_warpgroups=2 / 3; "images" is the one the plan picks). Times are medians of
+CUDA-graph replays (bench/bwd_schedules.py), device time only: the copies are part of the op's
+time. Each shape runs the ways twice, in alternating order, and reports both; the gain is the
+rows' time over the images'.
 """
 import argparse
-import contextlib
 import os
 import sys
 
@@ -22,37 +21,29 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import psa_fa2_ext  # noqa: E402,F401  (registers torch.ops.psa_fa2)
+from psa_fa2_ext import _testing  # noqa: E402
 from bwd_schedules import DTYPES, graph_time_us, parse_shape  # noqa: E402
 
 DK, DV = 32, 64
+# Each way is the whole set of plan overrides (psa_fa2_ext._testing.force) it runs under.
 WAYS = {
-    "images": {"PSA_FA2_KV_TILE_IMAGES": "1"},
-    "rows": {"PSA_FA2_KV_TILE_IMAGES": "0"},
-    "none": {"PSA_FA2_DISABLE_ALIGNED_COPIES": "1"},
+    "images": {"kv_images": "always"},
+    "rows": {"kv_images": "never"},
+    "none": {"no_copies": True},
 }
 IMAGE_KERNELS = {
-    "2 wg": {"PSA_FA2_KV_TILE_IMAGES": "2"},
-    "3 wg": {"PSA_FA2_KV_TILE_IMAGES": "3"},
+    "2 wg": {"kv_images": "always", "kv_image_warpgroups": 2},
+    "3 wg": {"kv_images": "always", "kv_image_warpgroups": 3},
 }
 DEFAULT_SHAPES = ["1x4x400", "16x4x400", "16x4x401", "64x4x400", "16x4x1600", "16x4x1601",
                   "16x4x1602", "16x4x1604", "8x4x6400", "8x4x6401", "8x4x6402", "8x4x6404",
                   "8x4x6408", "1x2x62500", "1x2x62499", "1x2x62464"]
 
 
-@contextlib.contextmanager
-def environment(values):
-    """The kernels are picked when the graph is captured, so the switches are set around it."""
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name in values:
-            os.environ.pop(name, None)
-
-
-def forward_time(q, k, v, switches):
+def forward_time(q, k, v, overrides):
+    """The kernels are planned when the graph is captured, so the overrides are set around it."""
     scale = DK ** -0.5
-    with environment(switches):
+    with _testing.force(**overrides):
         return graph_time_us(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast"))
 
 

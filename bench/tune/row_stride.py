@@ -4,13 +4,13 @@ views, on a CUDA GPU.
     python bench/tune/row_stride.py [--dtype bf16] [--shapes 1x2x62500 ...] [--strides]
 
 For each shape, the block's split views (rows N elements apart) with the Hopper kernels'
-aligned row copies (aligned_rows.h) and without (PSA_FA2_DISABLE_ALIGNED_COPIES=1). With
---strides, also the views on rows padded to 8 and 64 elements (16- / 128-byte rows), which need
-no copies. Times are medians of CUDA-graph replays (bench/bwd_schedules.py), device time only:
-the copies are part of the op's time.
+copies (csrc/cuda/aligned_rows.h: aligned rows, or K / V tile images and Q / dO stream images
+where the plan picks them) and without any (psa_fa2_ext._testing.force(no_copies=True)).
+With --strides, also the views on rows padded to 8 and 64 elements (16- / 128-byte rows),
+which need no copies. Times are medians of CUDA-graph replays (bench/bwd_schedules.py), device
+time only: the copies are part of the op's time.
 """
 import argparse
-import contextlib
 import os
 import sys
 
@@ -18,6 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import psa_fa2_ext  # noqa: E402,F401  (registers torch.ops.psa_fa2)
+from psa_fa2_ext import _testing  # noqa: E402
 from bwd_schedules import DTYPES, graph_time_us, parse_shape  # noqa: E402
 
 DK, DV = 32, 64
@@ -29,15 +30,9 @@ def views(B, H, N, stride, channels, dtype):
     return base.transpose(2, 3)
 
 
-@contextlib.contextmanager
 def copies(enabled):
-    """The kernels are picked when the graph is captured, so the switch is set around it."""
-    if not enabled:
-        os.environ["PSA_FA2_DISABLE_ALIGNED_COPIES"] = "1"
-    try:
-        yield
-    finally:
-        os.environ.pop("PSA_FA2_DISABLE_ALIGNED_COPIES", None)
+    """The kernels are planned when the graph is captured, so the override is set around it."""
+    return _testing.force(no_copies=not enabled)
 
 
 def times(B, H, N, stride, dtype, with_copies):

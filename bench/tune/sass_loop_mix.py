@@ -1,7 +1,15 @@
 """The instruction mix of a kernel's main loop, from its SASS, without a GPU:
 
-    nvcc ... -gencode=arch=compute_90a,code=sm_90a -c csrc/cuda/flash_fwd_sm90_bf16_32x64_cfu.cu -o k.o
-    cuobjdump --dump-sass k.o | python bench/tune/sass_loop_mix.py --kernel "sm90_kernel<(psa_fa2::DType)2, 32, 64, (psa_fa2::Layout)1, 8>"
+    nvcc ... -gencode=arch=compute_90a,code=sm_90a \
+        -c csrc/cuda/instances/sm90_fwd_bf16_32x64_channel_first_narrow_rows.cu -o k.o
+    cuobjdump --dump-sass k.o | python bench/tune/sass_loop_mix.py \
+        --kernel "flash_fwd_sm90_kernel<(psa_fa2::DType)2, 32, 64, (psa_fa2::Layout)1, 8, (psa_fa2::KVRead)0, 8>"
+
+(--kernel is a substring of the demangled name. The wgmma forward's template arguments are
+DType, dk, dv, Layout, the Q / out row width in bytes, KVRead (0 rows, 1 / 2 K / V tile images
+read by CTAs of two / three warpgroups) and the K / V width; the wgmma backward's
+(flash_bwd_sm90_kernel) DType, dk, dv, Layout, the K / V width, StreamRead (0 rows, 1 Q / dO
+stream images) and the Q / dO width.)
 
 (cuobjdump ships with the CUDA toolkit, and also in triton's wheel under
 triton/backends/nvidia/bin.) For each function whose demangled name contains --kernel, it

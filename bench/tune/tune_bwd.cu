@@ -1,3 +1,7 @@
+// NOTE: builds against the tree of commit 28fac21 only (`git checkout 28fac21`, or a worktree
+// of it): the last with the compile-time variants (the PSA_FA2_* macros) and the old csrc/cuda
+// file layout it includes. The current tree has neither; this is not ported to it
+// (bench/tune/README.md lists what runs there).
 // Times compile-time variants of the Hopper (wgmma) backward at the PSA shapes, without torch:
 // build one binary per variant (the command below, with its -D flags) and compare. bf16,
 // (32, 64), channel-first split views on 16-byte rows (N a multiple of 8, as the dispatch's

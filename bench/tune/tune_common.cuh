@@ -1,3 +1,5 @@
+// NOTE: part of tune_fwd.cu and tune_bwd.cu, which build against the tree of commit 28fac21
+// only (`git checkout 28fac21`; their headers and bench/tune/README.md say why).
 // What the tuning binaries (tune_fwd.cu, tune_bwd.cu) share: error checks, seeded inputs, the
 // timing loop and the checksum of the outputs.
 #pragma once

@@ -1,3 +1,7 @@
+// NOTE: builds against the tree of commit 28fac21 only (`git checkout 28fac21`, or a worktree
+// of it): the last with the compile-time variants (the PSA_FA2_* macros) and the old csrc/cuda
+// file layout it includes. The current tree has neither; this is not ported to it
+// (bench/tune/README.md lists what runs there).
 // Times compile-time variants of the fast forward kernels (tile sizes, CTAs per SM) at the
 // PSA shapes, without torch: build one binary per variant (tune_fwd.sh) and compare.
 //   tune_fwd bf16   the bf16 tensor-core kernel (flash_fwd_kernel.cuh)

@@ -1,4 +1,8 @@
 #!/usr/bin/env bash
+# NOTE: runs against the tree of commit 28fac21 only (`git checkout 28fac21`, or a worktree of
+# it): the last with the compile-time variants (the PSA_FA2_* macros below) and the old
+# csrc/cuda file layout. The current tree has neither; this is not ported to it
+# (bench/tune/README.md lists what runs there).
 # Builds and times the fast forward kernels' compile-time variants (needs a GPU and nvcc):
 #   bash bench/tune/tune_fwd.sh [bf16|sm90|sm90img|sm90img3|tf32] [arch, default 90; the sm90
 #   kinds build for 90a; the image kinds time the tile-image kernels, with the warpgroup vote

@@ -1,4 +1,8 @@
 #!/usr/bin/env bash
+# NOTE: runs against the tree of commit 28fac21 only (`git checkout 28fac21`, or a worktree of
+# it): the last with the compile-time variants (the PSA_FA2_* macros below) and the old
+# csrc/cuda file layout. The current tree has neither; this is not ported to it
+# (bench/tune/README.md lists what runs there).
 # Checks and times compile-time variants of the Hopper (wgmma) kernels through the extension
 # (needs a Hopper GPU, nvcc and the build's torch), from the project root:
 #   bash bench/tune/tune_sm90.sh fwd|bwd [variant...]
