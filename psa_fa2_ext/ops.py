@@ -110,6 +110,11 @@ def _bwd_fake(dout, q, k, v, out, lse, scale, dq, dk, dv, impl="auto", determini
 
 
 # --- autograd ------------------------------------------------------------------------------
+# The autograd formula is stated twice, on purpose: in C++ (csrc/autograd/psa_attention.cpp),
+# which eager calls reach in one dispatcher call with one node per step (the host cost of a
+# training step at YOLO shapes), and here on the fwd op, which torch.compile can trace (it
+# cannot trace into a C++ autograd node). Both call the same fwd / bwd operators;
+# tests/test_autograd_paths.py checks that their outputs and gradients agree.
 
 def _fwd_setup_context(ctx, inputs, output):
     q, k, v, scale, impl = inputs
