@@ -27,8 +27,8 @@ def batch_heads(n: int) -> tuple[int, int]:
     fewer (test time). The fewest keys get the most: with N = 7 the largest error of a
     gradient is the largest of only a few hundred elements, for ours and for the eager math
     alike, and the spread of that statistic alone puts their ratio past 2 now and then (2.66
-    once in 100 draws of (2, 3) heads on the H200, 1.64 at most with (4, 8): the README of
-    bench/results/h200-2026-12-01-5bb34ec)."""
+    once in 100 draws of (2, 3) heads on the H200, 1.64 at most with (4, 8): measured at 5bb34ec;
+    git history: bench/results/h200-2026-12-01-5bb34ec at 28fac21)."""
     if n <= 64:
         return (4, 8)
     return (2, 3) if n <= 400 else (1, 2)
@@ -112,7 +112,8 @@ def assert_within_tf32_rounding(out, q, k, v, scale):
         (0.87 u sum_j P_ij |v_jc| at most in those draws, at N = 7).
     Not "max error at most 2x the eager one", as for bf16 / fp16: the two errors are alike in
     distribution, and the ratio of their maxima passed 2 in 6 of 4000 draws on the H200, as
-    often at 4 x 8 batches x heads as at 1 x 2 (bench/results/h200-2026-12-04-dbe9caf)."""
+    often at 4 x 8 batches x heads as at 1 x 2 (measured at dbe9caf;
+    git history: bench/results/h200-2026-12-04-dbe9caf at 28fac21)."""
     q32, k32, v32 = (round_to_tf32(t.float()) for t in (q, k, v))
     s = (q32 @ k32.transpose(-2, -1)) * scale
     eager = round_to_tf32(s.softmax(dim=-1)) @ v32
