@@ -17,7 +17,11 @@ pickling (``torch.save`` of a checkpoint) writes the plain Ultralytics class, so
 checkpoint of a patched model loads where psa_fa2_ext is not installed, unpatched.
 
 Training: ``YOLO.train()`` trains a model it builds itself, so on a ``YOLO`` object the
-patch also registers a trainer callback that patches that model. Multi-GPU training
+patch also registers a trainer callback that patches that model, its EMA and the model the
+trainer's final validation loads from the best checkpoint; and the ``YOLO`` object's class is
+swapped the same way, for one whose ``train()`` patches the model that Ultralytics reloads from
+that checkpoint at its end. ``predict()`` keeps a copy of the model in a predictor after its
+first call: patching and unpatching a ``YOLO`` object reach that copy too. Multi-GPU training
 (``device="0,1"``) trains in new processes: Ultralytics (``utils/dist.py``,
 ``generate_ddp_file``) pickles the trainer's class, args, model and callbacks with
 cloudpickle and each rank rebuilds the trainer from them. The model arrives unpatched
@@ -33,8 +37,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import copyreg
+import functools
 import warnings
 from collections.abc import Iterator
+from pathlib import PurePath
 
 from torch import nn
 
@@ -45,17 +51,11 @@ __all__ = ["is_patched", "patch_ultralytics", "patched", "unpatch_ultralytics"]
 _PATCHED: dict[type, type] = {}  # Ultralytics class -> its patched subclass
 
 
-class _FA2AttentionMixin:
-    """Put before an Ultralytics ``Attention`` class in the bases of a patched class."""
+class _SwappedClass:
+    """A patched subclass, put in place of an object's Ultralytics class: pickled as that class,
+    kept by deepcopy."""
 
     _psa_fa2_base: type  # the Ultralytics class this patches
-
-    def forward(self, x):
-        # Their exporter sets ``format = "coreml"`` to get an SDPA graph: keep their
-        # forward (both branches) for that and for graph recorders that can't see our op.
-        if self.format == "coreml" or _exporting():
-            return super().forward(x)
-        return attention_forward(self, x)
 
     def __reduce_ex__(self, protocol):
         # Pickle as the Ultralytics class: the checkpoint does not name psa_fa2_ext.
@@ -73,6 +73,29 @@ class _FA2AttentionMixin:
         return new
 
 
+class _FA2AttentionMixin(_SwappedClass):
+    """Put before an Ultralytics ``Attention`` class in the bases of a patched class."""
+
+    def forward(self, x):
+        # Their exporter sets ``format = "coreml"`` to get an SDPA graph: keep their
+        # forward (both branches) for that and for graph recorders that can't see our op.
+        if self.format == "coreml" or _exporting():
+            return super().forward(x)
+        return attention_forward(self, x)
+
+
+class _FA2ModelMixin(_SwappedClass):
+    """Put before an Ultralytics ``Model`` class (``YOLO``, ``RTDETR``, ...) in the bases of a
+    patched class."""
+
+    def train(self, *args, **kwargs):
+        # Ultralytics' Model.train() is its training entry point (not nn.Module.train): it ends
+        # by loading the best checkpoint into self.model, pickled unpatched. Patch it again.
+        metrics = super().train(*args, **kwargs)
+        patch_ultralytics(self)
+        return metrics
+
+
 def _attention_class() -> type:
     try:
         from ultralytics.nn.modules.block import Attention
@@ -83,12 +106,12 @@ def _attention_class() -> type:
     return Attention
 
 
-def _patched_class(cls: type) -> type:
+def _patched_class(cls: type, mixin: type = _FA2AttentionMixin) -> type:
     new = _PATCHED.get(cls)
     if new is None:
         new = type(
             f"PSAFA2{cls.__name__}",
-            (_FA2AttentionMixin, cls),
+            (mixin, cls),
             {"_psa_fa2_base": cls, "__module__": __name__, "__qualname__": f"PSAFA2{cls.__name__}"},
         )
         _PATCHED[cls] = new
@@ -98,6 +121,61 @@ def _patched_class(cls: type) -> type:
 def is_patched(module: nn.Module) -> bool:
     """Whether ``module`` is an Ultralytics ``Attention`` running on our kernel."""
     return isinstance(module, _FA2AttentionMixin)
+
+
+def _ultralytics_model_class():
+    try:
+        from ultralytics.engine.model import Model
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None
+    return Model
+
+
+def _predictor_model(model: nn.Module) -> nn.Module | None:
+    """The copy of the model in the predictor a ``YOLO`` object's first predict() made: the
+    PyTorch model inside its ``AutoBackend`` (whose runtime backend is not a submodule)."""
+    predictor = model.__dict__.get("predictor")
+    inner = getattr(getattr(predictor, "model", None), "model", None)
+    return inner if isinstance(inner, nn.Module) else None
+
+
+def _switch_blocks(model: nn.Module) -> int:
+    base = _attention_class()
+    n = 0
+    skipped = set()
+    for m in model.modules():
+        cls = type(m)
+        if not isinstance(m, base) or is_patched(m):
+            continue
+        if cls.forward is not base.forward:
+            skipped.add(cls.__qualname__)
+            continue
+        m.__class__ = _patched_class(cls)
+        n += 1
+    if skipped:
+        warnings.warn(f"patch_ultralytics: left {sorted(skipped)} alone: they override Attention.forward", stacklevel=3)
+    return n
+
+
+def _unswitch_blocks(model: nn.Module) -> int:
+    n = 0
+    for m in model.modules():
+        if is_patched(m):
+            m.__class__ = m._psa_fa2_base
+            n += 1
+    return n
+
+
+def _patched_validation_model(get_model, model, trainer=None, **kwargs):
+    """The trainer's validator's get_model, patched: the final validation loads the best
+    checkpoint by path (unpatched); load it here instead and patch it."""
+    model = get_model(model, trainer, **kwargs)
+    if trainer is None and isinstance(model, (str, PurePath)):
+        from ultralytics.nn.tasks import load_checkpoint
+        model, _ = load_checkpoint(model)
+    if isinstance(model, nn.Module):
+        _switch_blocks(model)
+    return model
 
 
 def _patch_trainer_model(trainer) -> None:
@@ -111,6 +189,9 @@ def _patch_trainer_model(trainer) -> None:
     ema = getattr(getattr(trainer, "ema", None), "ema", None)
     if isinstance(ema, nn.Module):
         patch_ultralytics(ema)
+    validator = getattr(trainer, "validator", None)
+    if validator is not None and "get_model" not in vars(validator):
+        validator.get_model = functools.partial(_patched_validation_model, validator.get_model)
 
 
 _CALLBACK_EVENT = "on_pretrain_routine_end"
@@ -141,23 +222,18 @@ def patch_ultralytics(model: nn.Module) -> int:
     patched are not counted again. A subclass of ``Attention`` that overrides
     ``forward`` is left alone (its math may differ), with a warning.
 
-    On a ``YOLO`` object a training callback is also registered, so the model that
-    ``YOLO.train()`` builds is patched too, in each process of a multi-GPU run as well.
+    On a ``YOLO`` object the patch also holds through ``train()`` (the trained model, its EMA,
+    the final validation and the model reloaded from the best checkpoint, in each process of
+    a multi-GPU run as well), and reaches the predictor an earlier ``predict()`` made.
     """
-    base = _attention_class()
-    n = 0
-    skipped = set()
-    for m in model.modules():
-        cls = type(m)
-        if not isinstance(m, base) or is_patched(m):
-            continue
-        if cls.forward is not base.forward:
-            skipped.add(cls.__qualname__)
-            continue
-        m.__class__ = _patched_class(cls)
-        n += 1
-    if skipped:
-        warnings.warn(f"patch_ultralytics: left {sorted(skipped)} alone: they override Attention.forward", stacklevel=2)
+    n = _switch_blocks(model)
+    model_class = _ultralytics_model_class()
+    if model_class is not None and isinstance(model, model_class):
+        if not isinstance(model, _FA2ModelMixin):
+            model.__class__ = _patched_class(type(model), _FA2ModelMixin)
+        predictor_model = _predictor_model(model)
+        if predictor_model is not None:
+            _switch_blocks(predictor_model)
     if hasattr(model, "add_callback") and not _has_callback(model):
         model.add_callback(_CALLBACK_EVENT, _patch_trainer_model)
     return n
@@ -165,11 +241,12 @@ def patch_ultralytics(model: nn.Module) -> int:
 
 def unpatch_ultralytics(model: nn.Module) -> int:
     """Undo ``patch_ultralytics``: every patched block gets its Ultralytics class back; returns how many."""
-    n = 0
-    for m in model.modules():
-        if is_patched(m):
-            m.__class__ = m._psa_fa2_base
-            n += 1
+    n = _unswitch_blocks(model)
+    if isinstance(model, _FA2ModelMixin):
+        model.__class__ = model._psa_fa2_base
+    predictor_model = _predictor_model(model)
+    if predictor_model is not None:
+        _unswitch_blocks(predictor_model)
     _remove_callback(model)
     return n
 
@@ -177,6 +254,9 @@ def unpatch_ultralytics(model: nn.Module) -> int:
 @contextlib.contextmanager
 def patched(model: nn.Module) -> Iterator[nn.Module]:
     """``with patched(model): ...`` runs the block on our kernel and restores the blocks it switched on exit."""
+    if isinstance(model, _FA2ModelMixin):  # already patched as a whole: leave it so
+        yield model
+        return
     before = {id(m) for m in model.modules() if is_patched(m)}
     had_callback = _has_callback(model)
     patch_ultralytics(model)
@@ -186,5 +266,10 @@ def patched(model: nn.Module) -> Iterator[nn.Module]:
         for m in model.modules():
             if is_patched(m) and id(m) not in before:
                 m.__class__ = m._psa_fa2_base
+        if isinstance(model, _FA2ModelMixin):
+            model.__class__ = model._psa_fa2_base
+            predictor_model = _predictor_model(model)
+            if predictor_model is not None:
+                _unswitch_blocks(predictor_model)
         if not had_callback:
             _remove_callback(model)

@@ -1,0 +1,103 @@
+"""A patched ``YOLO`` object through Ultralytics' own flow on the CPU: train -> val -> predict
+-> export, counting how many times the patched blocks run our kernel in each step.
+
+Ultralytics replaces the model more than once along the way: the trainer builds its own model
+and EMA, its final validation loads the best checkpoint from disk, ``train()`` then reloads
+``YOLO.model`` from that checkpoint, and the first ``predict()`` keeps a copy of the model in a
+predictor. A patch that did not follow all of these would leave some steps on Ultralytics'
+attention, which the counts show.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("ultralytics")
+
+from ultralytics import YOLO  # noqa: E402
+
+import psa_fa2_ext.patch as patch_module  # noqa: E402
+from psa_fa2_ext.patch import is_patched, patch_ultralytics, unpatch_ultralytics  # noqa: E402
+from tiny_yolo_data import make_tiny_dataset  # noqa: E402
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Counts of our kernel's calls from patched blocks, by the phase named in calls["phase"]."""
+    calls = {"phase": None}
+    real = patch_module.attention_forward
+
+    def counting(module, x):
+        calls[calls["phase"]] = calls.get(calls["phase"], 0) + 1
+        return real(module, x)
+
+    monkeypatch.setattr(patch_module, "attention_forward", counting)
+    return calls
+
+
+def test_patch_holds_through_train_val_predict_export(tmp_path, kernel_calls):
+    data = make_tiny_dataset(tmp_path / "data", n_train=4, n_val=2, size=64)
+    yolo = YOLO("yolo11n.yaml")
+    assert patch_ultralytics(yolo) == 1
+
+    validations = []  # one entry per validation run inside train(): epoch 1, then best.pt
+
+    def on_val_start(validator):
+        kernel_calls["phase"] = f"val{len(validations)}"
+        validations.append(kernel_calls["phase"])
+
+    def on_val_end(validator):
+        kernel_calls["phase"] = "train"
+
+    yolo.add_callback("on_val_start", on_val_start)
+    yolo.add_callback("on_val_end", on_val_end)
+    kernel_calls["phase"] = "train"
+    yolo.train(data=str(data), epochs=1, imgsz=64, batch=2, device="cpu", workers=0, amp=False,
+               plots=False, project=str(tmp_path / "runs"), name="train", exist_ok=True,
+               verbose=False)
+    assert kernel_calls.get("train", 0) > 0, kernel_calls
+    assert len(validations) == 2, validations  # the epoch's and the final one of best.pt
+    assert all(kernel_calls.get(name, 0) > 0 for name in validations), kernel_calls
+    # train() reloaded YOLO.model from best.pt: patched again.
+    assert any(is_patched(m) for m in yolo.model.modules())
+
+    kernel_calls["phase"] = "val"
+    yolo.val(data=str(data), imgsz=64, batch=2, device="cpu", workers=0, plots=False,
+             project=str(tmp_path / "runs"), name="val", exist_ok=True, verbose=False)
+    assert kernel_calls.get("val", 0) > 0, kernel_calls
+
+    image = torch.rand(1, 3, 64, 64)
+    kernel_calls["phase"] = "predict"
+    yolo.predict(image, imgsz=64, device="cpu", verbose=False)
+    assert kernel_calls.get("predict", 0) == 1, kernel_calls
+
+    # The predictor made by that first predict() keeps its own copy of the model: unpatching
+    # and patching the YOLO object must reach it.
+    assert unpatch_ultralytics(yolo) == 1
+    kernel_calls["phase"] = "predict_unpatched"
+    yolo.predict(image, imgsz=64, device="cpu", verbose=False)
+    assert kernel_calls.get("predict_unpatched", 0) == 0, kernel_calls
+    assert patch_ultralytics(yolo) == 1
+    kernel_calls["phase"] = "predict_patched_again"
+    yolo.predict(image, imgsz=64, device="cpu", verbose=False)
+    assert kernel_calls.get("predict_patched_again", 0) == 1, kernel_calls
+
+    # Export records Ultralytics' own forward: the exported graph has no psa_fa2 op (the
+    # exporter's dry runs before tracing may run ours; they are not recorded).
+    kernel_calls["phase"] = "export"
+    exported = yolo.export(format="torchscript", imgsz=64, device="cpu", verbose=False)
+    graph = torch.jit.load(exported)
+    code = "\n".join(m.code for m in graph.modules() if hasattr(m, "code"))
+    assert "psa_fa2" not in code and "aten::softmax" in str(graph.inlined_graph)
+    assert any(is_patched(m) for m in yolo.model.modules())
+
+
+def test_unpatched_yolo_object_runs_ultralytics_attention_everywhere(tmp_path, kernel_calls):
+    """The control: without the patch, none of the steps above reach our kernel."""
+    yolo = YOLO("yolo11n.yaml")
+    patch_ultralytics(yolo)
+    unpatch_ultralytics(yolo)
+    assert type(yolo) is YOLO
+    kernel_calls["phase"] = "predict"
+    yolo.predict(torch.rand(1, 3, 64, 64), imgsz=64, device="cpu", verbose=False)
+    assert kernel_calls.get("predict", 0) == 0, kernel_calls
