@@ -31,6 +31,7 @@
 #include <cuda_runtime_api.h>
 namespace psa_fa2 {
 void set_plan_overrides(const PlanOverrides& overrides);  // cuda/launch.cpp
+bool current_device_runs_kernels();                       // cuda/launch.cpp
 }
 #endif
 
@@ -122,6 +123,7 @@ psa_fa2::PlanOverrides overrides_from(const pybind11::dict& d) {
     else if (k == "kv_images") o.kv_images = choice(value.cast<std::string>());
     else if (k == "kv_image_warpgroups") o.kv_image_warpgroups = value.cast<int>();
     else if (k == "stream_images") o.stream_images = choice(value.cast<std::string>());
+    else if (k == "as_if_no_kernels") o.as_if_no_kernels = value.cast<bool>();
     else throw pybind11::value_error("unknown plan override: " + k);
   }
   return o;
@@ -133,9 +135,10 @@ pybind11::tuple plan_call(const std::string& direction, const std::string& dtype
                           bool channel_first, int batch, int heads, int seqlen, int dk, int dv,
                           const std::vector<TensorDesc>& tensors, bool allow_tf32,
                           bool deterministic, const std::string& impl,
-                          std::tuple<int, int, int, bool> device, const pybind11::dict& force) {
+                          std::tuple<int, int, int, bool, bool> device,
+                          const pybind11::dict& force) {
   psa_fa2::DeviceDesc d;
-  std::tie(d.major, d.minor, d.multiprocessors, d.sm90_kernels) = device;
+  std::tie(d.major, d.minor, d.multiprocessors, d.sm90_kernels, d.runs_kernels) = device;
   const psa_fa2::PlanOverrides o = overrides_from(force);
   const psa_fa2::Layout layout =
       channel_first ? psa_fa2::Layout::kChannelFirst : psa_fa2::Layout::kTokenMajor;
@@ -195,5 +198,7 @@ PYBIND11_MODULE(_C, m) {
 #ifdef PSA_FA2_WITH_CUDA
   m.def("_force", [](const pybind11::dict& d) { psa_fa2::set_plan_overrides(overrides_from(d)); },
         "Tests only: plan the CUDA ops' calls with these overrides ({} for none).");
+  m.def("_current_device_runs_kernels", &psa_fa2::current_device_runs_kernels,
+        "Whether the current GPU runs this build's kernels (else calls run blockwise).");
 #endif
 }

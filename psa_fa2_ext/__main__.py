@@ -12,16 +12,23 @@ import psa_fa2_ext
 from psa_fa2_ext import _plan
 
 
-def runs_on_current_gpu() -> str:
-    """One tiny forward: the ops raise, naming what is missing, on a GPU this build has no
-    code for."""
-    q = torch.zeros(1, 1, 1, 16, device="cuda", dtype=torch.float16)
-    try:
-        torch.ops.psa_fa2.fwd(q, q, q, 1.0)
-        torch.cuda.synchronize()
-    except RuntimeError as error:
-        return f"cannot run the kernels: {str(error).splitlines()[0]}"
-    return "runs the kernels"
+# What `python -m psa_fa2_ext` shows for the visible GPU: the Ultralytics blocks' head dims and
+# the common square ones, at 400 tokens on the block's views.
+SUMMARY_CASES = [(32, 64), (32, 32), (64, 64), (128, 128), (48, 48)]
+
+
+def print_gpu_paths(device) -> None:
+    """Which kernel each dtype and head dims take on the visible GPU (forward / backward)."""
+    if not device[4]:
+        print("  runs none of this build's kernels: every call runs blockwise on at::matmul "
+              "(the first call's warning says why and how to build for it)")
+        return
+    for dk, dv in SUMMARY_CASES:
+        for dtype in ("bf16", "fp16", "fp32"):
+            q, k, v = _plan.inputs(16, 4, 400, dk, dv, _plan.DTYPES[dtype], "psa")
+            fwd = _plan.plan("fwd", q, k, v, device=device)[0].split(";")[0]
+            bwd = _plan.plan("bwd", q, k, v, device=device)[0].split(";")[0]
+            print(f"  {dk}x{dv} {dtype}: {fwd} | {bwd}")
 
 
 def print_plans(args) -> None:
@@ -68,7 +75,7 @@ def main() -> None:
         major, minor = torch.cuda.get_device_capability()
         print(f"GPU: {torch.cuda.get_device_name()} (sm_{major}{minor})")
         if info["cuda"]:
-            print(f"  {runs_on_current_gpu()}")
+            print_gpu_paths(_plan.current_device())
     else:
         print("GPU: none visible")
 

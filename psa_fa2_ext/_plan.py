@@ -9,14 +9,16 @@ import torch
 
 from . import _C
 
-# (compute capability major, minor, SMs, whether the Hopper wgmma kernels may run)
+# (compute capability major, minor, SMs, whether the Hopper wgmma kernels may run, whether the
+# GPU runs this build's kernels at all: those of the default build, "8.0+PTX;9.0a")
 DEVICES = {
-    "h100": (9, 0, 132, True),
-    "h200": (9, 0, 132, True),
-    "a100": (8, 0, 108, False),
-    "rtx3090": (8, 6, 82, False),
-    "rtx4090": (8, 9, 128, False),
-    "rtx5090": (12, 0, 170, False),
+    "h100": (9, 0, 132, True, True),
+    "h200": (9, 0, 132, True, True),
+    "a100": (8, 0, 108, False, True),
+    "rtx3090": (8, 6, 82, False, True),
+    "rtx4090": (8, 9, 128, False, True),
+    "rtx5090": (12, 0, 170, False, True),
+    "t4": (7, 5, 40, False, False),
 }
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16,
@@ -33,7 +35,7 @@ def current_device() -> tuple:
     major, minor = torch.cuda.get_device_capability()
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     built = "wgmma" in _C.build_info()["cuda_kernels"]
-    return major, minor, sms, built and (major, minor) == (9, 0)
+    return major, minor, sms, built and (major, minor) == (9, 0), _C._current_device_runs_kernels()
 
 
 def _desc(t: torch.Tensor) -> tuple:

@@ -164,3 +164,19 @@ def test_plan_cli_prints_both_directions():
          "psa", "--device", "h100"], capture_output=True, text=True, check=True)
     lines = result.stdout.splitlines()
     assert lines[1].startswith("  fwd: wgmma forward") and lines[2].startswith("  bwd: wgmma")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16", "fp64"])
+def test_gpus_without_kernels_plan_blockwise(dtype):
+    """A T4 (compute capability 7.5) runs none of the kernels: every call plans the blockwise
+    path on at::matmul, impl="reference" included, and "auto" / "fast" say that no fast kernel
+    runs (a one-time warning, an error for "fast")."""
+    q, k, v = _plan.inputs(16, 4, 400, 32, 64, _plan.DTYPES[dtype], "psa")
+    t4 = _plan.DEVICES["t4"]
+    for impl in ("auto", "fast", "reference"):
+        fwd, fwd_fields = _plan.plan("fwd", q, k, v, device=t4, impl=impl)
+        bwd, bwd_fields = _plan.plan("bwd", q, k, v, device=t4, impl=impl)
+        assert fwd.startswith("blockwise forward") and bwd.startswith("blockwise backward")
+        assert fwd_fields["no_fast_kernel"] == bwd_fields["no_fast_kernel"] == (impl != "reference")
+    forced = _plan.plan("fwd", q, k, v, device=H100, force={"as_if_no_kernels": True})[0]
+    assert forced.startswith("blockwise forward")

@@ -25,7 +25,7 @@ enum class StreamRead : int { kRows = 0, kStreamImages = 1 };
 enum class Impl : int { kAuto = 0, kFast, kReference };
 
 // Kernel families. Which one runs, on which instance and copies, is decided in plan.cpp only.
-enum class FwdKernel : int { kReference = 0, kMmaSync, kFfma, kTf32, kWgmma };
+enum class FwdKernel : int { kReference = 0, kMmaSync, kFfma, kTf32, kWgmma, kBlockwise };
 enum class BwdKernel : int { kReference = 0, kMmaSync, kFfma, kWgmma, kBlockwise };
 // The mma.sync backward's schedules:
 //   kAtomicDQ:  FlashAttention-2 (key-tile CTAs, dQ reduced with fp32 atomics into the

@@ -29,6 +29,10 @@ PlanOverrides g_overrides;
 
 void set_plan_overrides(const PlanOverrides& overrides) { g_overrides = overrides; }
 
+bool current_device_runs_kernels() {
+  return current_device_support().support == DeviceSupport::kSupported;
+}
+
 namespace {
 
 // PyTorch's matmul rule for fp32: TF32 tensor cores unless the precision is "highest".
@@ -38,24 +42,45 @@ bool fp32_matmul_allows_tf32() { return at::globalContext().allowTF32CuBLAS(); }
 #define PSA_FA2_CUDA_ARCHS ""
 #endif
 
-// Raises, naming the device and what this build covers, where the current device cannot run
-// the kernels; called with the inputs' device current.
-void check_device_supported(const at::Tensor& t) {
+// Where the current device runs none of this build's kernels, what a user reads once: which
+// GPU, why, what runs instead, and how to get the kernels. Empty where it runs them. Called
+// with the inputs' device current; raises only where the CUDA runtime cannot report on it.
+std::string unsupported_device_note(const at::Tensor& t) {
   const DeviceReport report = current_device_support();
-  if (report.support == DeviceSupport::kSupported) return;
-  // Strings only (checks.h says why).
+  if (report.support == DeviceSupport::kSupported) return {};
+  TORCH_CHECK(report.support != DeviceSupport::kNoDevice,
+              "psa_fa2: the CUDA runtime could not report on ", t.device().str());
+  // Strings only (messages.h says why).
   const std::string capability = std::to_string(report.major) + "." + std::to_string(report.minor);
   // Hopper's wgmma kernels are sm_90a code, which an arch list names as such.
   const std::string arch = capability == "9.0" ? "9.0a" : capability;
   const std::string device = std::string(at::cuda::getCurrentDeviceProperties()->name) + " (" +
                              t.device().str() + ", compute capability " + capability + ")";
-  TORCH_CHECK(report.support != DeviceSupport::kTooOld, "psa_fa2 needs an NVIDIA GPU of compute "
-              "capability 8.0 (Ampere) or newer; the inputs are on ", device);
-  TORCH_CHECK(report.support != DeviceSupport::kNotBuiltFor, "psa_fa2 was built for CUDA archs \"",
-              PSA_FA2_CUDA_ARCHS, "\", which have no code that ", device, " can run; reinstall "
-              "it with TORCH_CUDA_ARCH_LIST=\"", arch, "\" (or build it "
-              "on a machine with this GPU, whose arch the build picks by default)");
-  TORCH_CHECK(false, "psa_fa2: the CUDA runtime could not report on ", t.device().str());
+  if (report.support == DeviceSupport::kTooOld) {
+    return "psa_fa2's kernels need compute capability 8.0 (Ampere) or newer, and the inputs are "
+           "on " + device + ": attention runs blockwise on at::matmul instead (correct, memory "
+           "O(block x N), slower)";
+  }
+  return std::string("psa_fa2 was built for CUDA archs \"") + PSA_FA2_CUDA_ARCHS +
+         "\", which have no code that " + device + " can run: attention runs blockwise on "
+         "at::matmul instead (correct, slower); for the kernels, reinstall it with "
+         "TORCH_CUDA_ARCH_LIST=\"" + arch + "\" (or build it on a machine with this GPU, whose "
+         "arch the build picks by default)";
+}
+
+// The plan's view of the current device.
+DeviceDesc device_for(const std::string& unsupported_note) {
+  DeviceDesc device = current_device_desc();
+  device.runs_kernels = unsupported_note.empty();
+  return device;
+}
+
+// The note a call gives where its plan runs blockwise for want of kernels: the device's, or
+// the test hook's (as_if_no_kernels) on a device that has them.
+std::string no_kernels_note(const std::string& unsupported_note) {
+  if (!unsupported_note.empty() || !g_overrides.as_if_no_kernels) return unsupported_note;
+  return "psa_fa2: planned as on a GPU that runs none of this build's kernels "
+         "(psa_fa2_ext._testing.force): attention runs blockwise on at::matmul";
 }
 
 std::string describe_config(const AttnShape& s, at::ScalarType dtype) {
@@ -65,8 +90,13 @@ std::string describe_config(const AttnShape& s, at::ScalarType dtype) {
 
 // Raises for impl="fast" where the plan found no fast kernel; warns once for impl="auto".
 void check_fast_kernel(bool missing, Impl impl, const AttnShape& s, at::ScalarType dtype,
-                       const char* direction) {
+                       const char* direction, const std::string& unsupported_note) {
   if (!missing) return;
+  if (!unsupported_note.empty()) {
+    TORCH_CHECK(impl != Impl::kFast, "impl=\"fast\": ", unsupported_note);
+    TORCH_WARN_ONCE(unsupported_note);
+    return;
+  }
   TORCH_CHECK(impl != Impl::kFast, "impl=\"fast\": no fast ", direction, " kernel for ",
               describe_config(s, dtype), " (pointers 16-byte aligned and strides multiples of 8 "
               "are needed too); use impl=\"auto\" or \"reference\"");
@@ -80,7 +110,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   const AttnShape s = check_fwd_inputs(q, k, v);
   const Impl impl = parse_impl(impl_name);
   const c10::cuda::CUDAGuard guard(q.device());
-  check_device_supported(q);
+  const std::string unsupported_note = unsupported_device_note(q);
   at::Tensor out = empty_in_layout(s, s.head_dim_v, s.layout, q.options());
   at::Tensor lse = at::empty({s.batch, s.heads, s.seqlen},
                              q.options().dtype(accumulate_dtype(q.scalar_type())));
@@ -88,10 +118,15 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
 
   FwdParams p = make_fwd_params(s, q, k, v, out, lse, scale);
   p.allow_tf32 = fp32_matmul_allows_tf32();
-  const FwdPlan plan = plan_fwd(p, impl, current_device_desc(), g_overrides);
-  check_fast_kernel(plan.no_fast_kernel, impl, s, q.scalar_type(), "forward");
+  const FwdPlan plan = plan_fwd(p, impl, device_for(unsupported_note), g_overrides);
+  check_fast_kernel(plan.no_fast_kernel, impl, s, q.scalar_type(), "forward",
+                    no_kernels_note(unsupported_note));
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  if (plan.kernel == FwdKernel::kBlockwise) {
+    blockwise_fwd(q, k, v, scale, out, lse, kBlockwiseElemsCuda);
+    return {out, lse};
+  }
   if (plan.instance < 0) {
     reference_fwd(p, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -127,7 +162,7 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
   const AttnShape s = check_bwd_inputs(dout, q, k, v, out, lse, dq, dk, dv);
   const Impl impl = parse_impl(impl_name);
   const c10::cuda::CUDAGuard guard(q.device());
-  check_device_supported(q);
+  const std::string unsupported_note = unsupported_device_note(q);
   if (q.numel() == 0 || v.numel() == 0) {
     if (!accumulate) zero_qk_grads(dq, dk);
     return;
@@ -136,8 +171,9 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
   p.allow_tf32 = fp32_matmul_allows_tf32();
   p.deterministic = deterministic || at::globalContext().deterministicAlgorithms();
   p.accumulate = accumulate;
-  const BwdPlan plan = plan_bwd(p, impl, current_device_desc(), g_overrides);
-  check_fast_kernel(plan.no_fast_kernel, impl, s, q.scalar_type(), "backward");
+  const BwdPlan plan = plan_bwd(p, impl, device_for(unsupported_note), g_overrides);
+  check_fast_kernel(plan.no_fast_kernel, impl, s, q.scalar_type(), "backward",
+                    no_kernels_note(unsupported_note));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
   if (plan.kernel == BwdKernel::kBlockwise) {

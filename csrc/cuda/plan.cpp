@@ -342,9 +342,24 @@ void plan_f32_bwd(const BwdParams& p, const DeviceDesc& device, BwdPlan& plan) {
 
 }  // namespace
 
+namespace {
+
+// A GPU that runs none of this build's kernels (below compute capability 8.0, or no code for
+// it in the build): blockwise on at::matmul, whatever impl asks for.
+bool runs_kernels(const DeviceDesc& device, const PlanOverrides& overrides) {
+  return device.runs_kernels && !overrides.as_if_no_kernels;
+}
+
+}  // namespace
+
 FwdPlan plan_fwd(const FwdParams& p, Impl impl, const DeviceDesc& device,
                  const PlanOverrides& overrides) {
   FwdPlan plan;
+  if (!runs_kernels(device, overrides)) {
+    plan.kernel = FwdKernel::kBlockwise;
+    plan.no_fast_kernel = impl != Impl::kReference;
+    return plan;
+  }
   if (impl == Impl::kReference) return plan;
   if (p.dtype == DType::kFloat32) {
     plan_f32_fwd(p, device, overrides, plan);
@@ -363,6 +378,11 @@ FwdPlan plan_fwd(const FwdParams& p, Impl impl, const DeviceDesc& device,
 BwdPlan plan_bwd(const BwdParams& p, Impl impl, const DeviceDesc& device,
                  const PlanOverrides& overrides) {
   BwdPlan plan;
+  if (!runs_kernels(device, overrides)) {
+    plan.kernel = BwdKernel::kBlockwise;
+    plan.no_fast_kernel = impl != Impl::kReference;
+    return plan;
+  }
   if (impl == Impl::kReference) return plan;
   if (p.dtype == DType::kFloat32) {
     plan_f32_bwd(p, device, plan);
@@ -428,6 +448,9 @@ std::string bytes(int vec) { return std::to_string(vec) + "B"; }
 }  // namespace
 
 std::string describe(const FwdPlan& plan) {
+  if (plan.kernel == FwdKernel::kBlockwise) {
+    return "blockwise forward on at::matmul (the GPU runs none of this build's kernels)";
+  }
   if (plan.instance < 0) return "reference forward (one query row per CTA)";
   const FwdInstance& in = kFwdInstances[plan.instance];
   std::string s;
@@ -455,6 +478,7 @@ std::string describe(const FwdPlan& plan) {
       break;
     }
     case FwdKernel::kReference:
+    case FwdKernel::kBlockwise:
       break;
   }
   if (plan.copy == FwdCopy::kAlignedKV) s += "; copies K, V to 128-byte aligned rows";

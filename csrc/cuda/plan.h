@@ -21,6 +21,10 @@ struct DeviceDesc {
   int multiprocessors = 0;
   bool sm90_kernels = false;  // the build has sm_90a code, the device is compute capability 9.0,
                               // and PSA_FA2_DISABLE_SM90 is not set
+  // The device runs this build's kernels: compute capability 8.0 or newer, and code for it in
+  // the build (SASS of its major version, or PTX it can compile). Where not, every call runs
+  // blockwise on at::matmul (torch's own kernels), which every GPU torch supports can run.
+  bool runs_kernels = true;
 };
 
 // Tests only (psa_fa2_ext._testing.force): run paths the plan would not pick by itself.
@@ -32,6 +36,7 @@ struct PlanOverrides {
   Choice kv_images = Choice::kAuto;  // forward: K / V tile images
   int kv_image_warpgroups = 0;       // 2 or 3 with kv_images kAlways; 0: the plan picks
   Choice stream_images = Choice::kAuto;  // backward: Q / dO stream images
+  bool as_if_no_kernels = false;  // plan as on a GPU that runs none of this build's kernels
 };
 
 
@@ -42,6 +47,7 @@ enum class BwdCopy : int { kNone = 0, kAlignedQdO, kQdOStreamImages };
 struct FwdPlan {
   FwdKernel kernel = FwdKernel::kReference;
   int instance = -1;  // index into kFwdInstances (instances/registry.h); -1 for the reference
+                      // and blockwise paths
   FwdCopy copy = FwdCopy::kNone;
   int kv_splits = 1;  // fp32 kernels: CTAs sharing each row tile (FwdParams::kv_splits)
   bool no_fast_kernel = false;  // a fast kernel was wanted (impl auto / fast) and none fits
