@@ -44,6 +44,7 @@ from pathlib import PurePath
 
 from torch import nn
 
+from .blocks import aattn_forward, mha_forward, runs_on_our_op
 from .nn import _exporting, attention_forward
 
 __all__ = ["is_patched", "patch_ultralytics", "patched", "unpatch_ultralytics"]
@@ -73,7 +74,11 @@ class _SwappedClass:
         return new
 
 
-class _FA2AttentionMixin(_SwappedClass):
+class _PatchedBlock(_SwappedClass):
+    """A block running on our kernels."""
+
+
+class _FA2AttentionMixin(_PatchedBlock):
     """Put before an Ultralytics ``Attention`` class in the bases of a patched class."""
 
     def forward(self, x):
@@ -82,6 +87,27 @@ class _FA2AttentionMixin(_SwappedClass):
         if self.format == "coreml" or _exporting():
             return super().forward(x)
         return attention_forward(self, x)
+
+
+class _FA2AAttnMixin(_PatchedBlock):
+    """Put before YOLO12's ``AAttn`` in the bases of a patched class."""
+
+    def forward(self, x):
+        if _exporting():
+            return super().forward(x)
+        return aattn_forward(self, x)
+
+
+class _FA2MultiheadAttentionMixin(_PatchedBlock):
+    """Put before ``nn.MultiheadAttention`` in the bases of the class of an ``AIFI``'s ``ma``."""
+
+    def forward(self, query, key, value, key_padding_mask=None, need_weights=True,
+                attn_mask=None, average_attn_weights=True, is_causal=False):
+        if _exporting() or not runs_on_our_op(self, query, key, value, key_padding_mask,
+                                              attn_mask, is_causal):
+            return super().forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                   average_attn_weights, is_causal)
+        return mha_forward(self, query, key, value)
 
 
 class _FA2ModelMixin(_SwappedClass):
@@ -119,8 +145,44 @@ def _patched_class(cls: type, mixin: type = _FA2AttentionMixin) -> type:
 
 
 def is_patched(module: nn.Module) -> bool:
-    """Whether ``module`` is an Ultralytics ``Attention`` running on our kernel."""
-    return isinstance(module, _FA2AttentionMixin)
+    """Whether ``module`` is an Ultralytics attention block (``Attention``, ``AAttn``, an
+    ``AIFI``'s ``nn.MultiheadAttention``) running on our kernel."""
+    return isinstance(module, _PatchedBlock)
+
+
+class PatchCount(int):
+    """How many blocks a patch switched (an int), and of which kind (``by_kind``)."""
+
+    by_kind: dict
+
+    def __new__(cls, by_kind: dict):
+        count = super().__new__(cls, sum(by_kind.values()))
+        count.by_kind = {kind: n for kind, n in by_kind.items() if n}
+        return count
+
+    def __repr__(self):
+        kinds = ", ".join(f"{kind}: {n}" for kind, n in self.by_kind.items())
+        return f"{int(self)} ({kinds})" if kinds else "0"
+
+
+def _block_classes() -> dict:
+    """{Ultralytics class: (mixin, kind)} of the blocks patched directly; AIFI's attention is
+    reached through its ``ma``."""
+    classes = {_attention_class(): (_FA2AttentionMixin, "Attention")}
+    try:
+        from ultralytics.nn.modules.block import AAttn
+        classes[AAttn] = (_FA2AAttnMixin, "AAttn")
+    except ImportError:  # pragma: no cover - an Ultralytics older than YOLO12
+        pass
+    return classes
+
+
+def _aifi_class():
+    try:
+        from ultralytics.nn.modules.transformer import AIFI
+    except ImportError:  # pragma: no cover - depends on the environment
+        return None
+    return AIFI
 
 
 def _ultralytics_model_class():
@@ -139,22 +201,34 @@ def _predictor_model(model: nn.Module) -> nn.Module | None:
     return inner if isinstance(inner, nn.Module) else None
 
 
-def _switch_blocks(model: nn.Module) -> int:
-    base = _attention_class()
-    n = 0
+def _switch_blocks(model: nn.Module) -> PatchCount:
+    classes = _block_classes()
+    aifi = _aifi_class()
+    counts = {kind: 0 for _, kind in classes.values()}
+    counts["AIFI"] = 0
     skipped = set()
-    for m in model.modules():
-        cls = type(m)
-        if not isinstance(m, base) or is_patched(m):
+    for m in list(model.modules()):
+        if aifi is not None and isinstance(m, aifi):
+            ma = getattr(m, "ma", None)
+            if type(ma) is nn.MultiheadAttention:
+                ma.__class__ = _patched_class(nn.MultiheadAttention, _FA2MultiheadAttentionMixin)
+                counts["AIFI"] += 1
             continue
-        if cls.forward is not base.forward:
-            skipped.add(cls.__qualname__)
+        if is_patched(m):
             continue
-        m.__class__ = _patched_class(cls)
-        n += 1
+        for base, (mixin, kind) in classes.items():
+            if isinstance(m, base):
+                # A subclass with its own forward may compute something else: left alone.
+                if type(m).forward is not base.forward:
+                    skipped.add(type(m).__qualname__)
+                else:
+                    m.__class__ = _patched_class(type(m), mixin)
+                    counts[kind] += 1
+                break
     if skipped:
-        warnings.warn(f"patch_ultralytics: left {sorted(skipped)} alone: they override Attention.forward", stacklevel=3)
-    return n
+        warnings.warn(f"patch_ultralytics: left {sorted(skipped)} alone: they override the "
+                      "block's forward", stacklevel=3)
+    return PatchCount(counts)
 
 
 def _unswitch_blocks(model: nn.Module) -> int:
@@ -213,14 +287,16 @@ def _remove_callback(model: nn.Module) -> None:
         cbs.remove(_patch_trainer_model)
 
 
-def patch_ultralytics(model: nn.Module) -> int:
-    """Run every Ultralytics ``Attention`` in ``model`` on our kernel; returns how many were switched.
+def patch_ultralytics(model: nn.Module) -> PatchCount:
+    """Run every Ultralytics attention block in ``model`` on our kernel; returns how many were
+    switched (an int; ``.by_kind`` per block kind).
 
     ``model`` is any ``nn.Module``: a ``DetectionModel`` (or other task model), a
-    ``YOLO`` object, or a single block. YOLOv10 ``PSA``, YOLO11/YOLO26 ``C2PSA`` and
-    ``C3k2(attn=True)`` all hold their attention as ``Attention``. Modules already
-    patched are not counted again. A subclass of ``Attention`` that overrides
-    ``forward`` is left alone (its math may differ), with a warning.
+    ``YOLO`` object, or a single block. The blocks: ``Attention`` (YOLOv10 ``PSA``,
+    YOLO11 / YOLO26 ``C2PSA``, ``C3k2(attn=True)``), YOLO12's area attention ``AAttn``, and
+    the ``nn.MultiheadAttention`` of RT-DETR's ``AIFI`` (calls with masks or training dropout
+    keep PyTorch's). Modules already patched are not counted again. A subclass that
+    overrides the block's ``forward`` is left alone (its math may differ), with a warning.
 
     On a ``YOLO`` object the patch also holds through ``train()`` (the trained model, its EMA,
     the final validation and the model reloaded from the best checkpoint, in each process of
