@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cpu/tile_math.h"
+#include "cuda/instances/registry.h"
 #include "cuda/plan.h"
 
 #ifndef PSA_FA2_VERSION
@@ -124,6 +125,7 @@ psa_fa2::PlanOverrides overrides_from(const pybind11::dict& d) {
     else if (k == "kv_image_warpgroups") o.kv_image_warpgroups = value.cast<int>();
     else if (k == "stream_images") o.stream_images = choice(value.cast<std::string>());
     else if (k == "as_if_no_kernels") o.as_if_no_kernels = value.cast<bool>();
+    else if (k == "smem_per_block") o.smem_per_block = value.cast<int>();
     else throw pybind11::value_error("unknown plan override: " + k);
   }
   return o;
@@ -135,10 +137,11 @@ pybind11::tuple plan_call(const std::string& direction, const std::string& dtype
                           bool channel_first, int batch, int heads, int seqlen, int dk, int dv,
                           const std::vector<TensorDesc>& tensors, bool allow_tf32,
                           bool deterministic, const std::string& impl,
-                          std::tuple<int, int, int, bool, bool> device,
+                          std::tuple<int, int, int, int, bool, bool> device,
                           const pybind11::dict& force) {
   psa_fa2::DeviceDesc d;
-  std::tie(d.major, d.minor, d.multiprocessors, d.sm90_kernels, d.runs_kernels) = device;
+  std::tie(d.major, d.minor, d.multiprocessors, d.smem_per_block, d.sm90_kernels,
+           d.runs_kernels) = device;
   const psa_fa2::PlanOverrides o = overrides_from(force);
   const psa_fa2::Layout layout =
       channel_first ? psa_fa2::Layout::kChannelFirst : psa_fa2::Layout::kTokenMajor;
@@ -158,7 +161,9 @@ pybind11::tuple plan_call(const std::string& direction, const std::string& dtype
     fields["instance"] = plan.instance;
     fields["copy"] = int(plan.copy);
     fields["kv_splits"] = plan.kv_splits;
-    fields["no_fast_kernel"] = plan.no_fast_kernel;
+    fields["fallback"] = int(plan.fallback);
+    fields["no_fast_kernel"] = plan.fallback != psa_fa2::Fallback::kNone;
+    fields["smem_bytes"] = plan.instance >= 0 ? psa_fa2::kFwdInstances[plan.instance].smem_bytes : 0;
     return pybind11::make_tuple(psa_fa2::describe(plan), fields);
   }
   if (direction != "bwd") throw pybind11::value_error("direction: expected fwd or bwd");
@@ -181,7 +186,9 @@ pybind11::tuple plan_call(const std::string& direction, const std::string& dtype
   fields["f32_row_pieces"] = plan.f32_row_pieces;
   fields["tail_pieces"] = plan.tail.pieces;
   fields["workspace_bytes"] = plan.workspace_bytes;
-  fields["no_fast_kernel"] = plan.no_fast_kernel;
+  fields["fallback"] = int(plan.fallback);
+  fields["no_fast_kernel"] = plan.fallback != psa_fa2::Fallback::kNone;
+  fields["smem_bytes"] = plan.instance >= 0 ? psa_fa2::kBwdInstances[plan.instance].smem_bytes : 0;
   return pybind11::make_tuple(psa_fa2::describe(plan), fields);
 }
 

@@ -19,7 +19,7 @@ SUMMARY_CASES = [(32, 64), (32, 32), (64, 64), (128, 128), (48, 48)]
 
 def print_gpu_paths(device) -> None:
     """Which kernel each dtype and head dims take on the visible GPU (forward / backward)."""
-    if not device[4]:
+    if not device[5]:
         print("  runs none of this build's kernels: every call runs blockwise on at::matmul "
               "(the first call's warning says why and how to build for it)")
         return

@@ -9,16 +9,17 @@ import torch
 
 from . import _C
 
-# (compute capability major, minor, SMs, whether the Hopper wgmma kernels may run, whether the
-# GPU runs this build's kernels at all: those of the default build, "8.0+PTX;9.0a")
+# (compute capability major, minor, SMs, shared memory a CTA may opt in to, whether the Hopper
+# wgmma kernels may run, whether the GPU runs this build's kernels at all: those of the default
+# build, "8.0+PTX;9.0a")
 DEVICES = {
-    "h100": (9, 0, 132, True, True),
-    "h200": (9, 0, 132, True, True),
-    "a100": (8, 0, 108, False, True),
-    "rtx3090": (8, 6, 82, False, True),
-    "rtx4090": (8, 9, 128, False, True),
-    "rtx5090": (12, 0, 170, False, True),
-    "t4": (7, 5, 40, False, False),
+    "h100": (9, 0, 132, 227 * 1024, True, True),
+    "h200": (9, 0, 132, 227 * 1024, True, True),
+    "a100": (8, 0, 108, 163 * 1024, False, True),
+    "rtx3090": (8, 6, 82, 99 * 1024, False, True),
+    "rtx4090": (8, 9, 128, 99 * 1024, False, True),
+    "rtx5090": (12, 0, 170, 99 * 1024, False, True),
+    "t4": (7, 5, 40, 64 * 1024, False, False),
 }
 
 DTYPES = {"fp64": torch.float64, "fp32": torch.float32, "bf16": torch.bfloat16,
@@ -33,9 +34,11 @@ LAYOUTS = ("psa", "channel_first", "token_major")
 def current_device() -> tuple:
     """The visible GPU as the plan sees it (PSA_FA2_DISABLE_SM90 aside)."""
     major, minor = torch.cuda.get_device_capability()
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    properties = torch.cuda.get_device_properties(torch.cuda.current_device())
     built = "wgmma" in _C.build_info()["cuda_kernels"]
-    return major, minor, sms, built and (major, minor) == (9, 0), _C._current_device_runs_kernels()
+    return (major, minor, properties.multi_processor_count,
+            properties.shared_memory_per_block_optin, built and (major, minor) == (9, 0),
+            _C._current_device_runs_kernels())
 
 
 def _desc(t: torch.Tensor) -> tuple:

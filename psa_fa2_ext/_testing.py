@@ -20,8 +20,9 @@ def cpu_isa(isa: str):
 def force(**overrides):
     """Plan the CUDA ops' calls inside the block with csrc/cuda/plan.h's PlanOverrides:
     no_sm90 (the mma.sync kernels Ampere runs, on Hopper too), no_copies, no_f32_kv_splits,
-    kv_images / stream_images ("auto", "never", "always"), kv_image_warpgroups (2 or 3) and
-    as_if_no_kernels (the blockwise path of GPUs that run none of this build's kernels)."""
+    kv_images / stream_images ("auto", "never", "always"), kv_image_warpgroups (2 or 3),
+    as_if_no_kernels (the blockwise path of GPUs that run none of this build's kernels) and
+    smem_per_block (plan as on a GPU with that much shared memory per CTA, e.g. 99 KB)."""
     _C._force(overrides)
     try:
         yield

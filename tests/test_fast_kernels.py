@@ -786,3 +786,20 @@ def test_fp32_backward_follows_the_precision_setting(dk, dv, N, tf32, layout):
             assert 1e-5 < rel_err(t, r) <= 1e-2, name
         else:
             assert rel_err(t, r) <= 1e-5, name
+
+
+# RTX 30 / 40 / 50 GPUs let a CTA have 99 KB of shared memory, against the H100's 227 KB.
+SMEM_99_KB = 99 * 1024
+
+
+@pytest.mark.parametrize("N", [97, 400, 1025])
+@dims
+@layouts
+@pytest.mark.parametrize("dtype", FAST_DTYPES + [torch.float32], ids=str)
+def test_fast_matrix_planned_for_99_kb(N, dk, dv, layout, dtype, force):
+    """The fast-kernel matrix with the plan told the GPU has 99 KB per CTA: the configurations a
+    4090 would run (mma.sync where it fits, blockwise where not), checked on this GPU against
+    float64. A proxy for those GPUs: their SMs and clocks differ."""
+    force(no_sm90=True, smem_per_block=SMEM_99_KB)
+    check_forward("cuda", "auto", N, dk, dv, dtype, layout)
+    check_backward("cuda", "auto", N, dk, dv, dtype, layout)

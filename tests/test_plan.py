@@ -180,3 +180,52 @@ def test_gpus_without_kernels_plan_blockwise(dtype):
         assert fwd_fields["no_fast_kernel"] == bwd_fields["no_fast_kernel"] == (impl != "reference")
     forced = _plan.plan("fwd", q, k, v, device=H100, force={"as_if_no_kernels": True})[0]
     assert forced.startswith("blockwise forward")
+
+
+FIT_DTYPES = ["bf16", "fp16", "fp32"]
+FIT_DIMS = [(32, 64), (32, 32), (64, 64), (128, 128)]
+
+
+@pytest.mark.parametrize("device_name", sorted(_plan.DEVICES))
+def test_every_plan_fits_the_device(device_name):
+    """Whatever the plan picks on a device fits its shared memory per CTA (the kernels hold no
+    static shared memory; their registers per thread are capped by __launch_bounds__ at the
+    64K registers a CTA may have on every GPU from sm_80 on), over every fast dtype, head
+    dims, layout, N around the copies' thresholds, and both backward schedules."""
+    device = _plan.DEVICES[device_name]
+    picked = set()
+    for dtype in FIT_DTYPES:
+        for dk, dv in FIT_DIMS:
+            for layout in _plan.LAYOUTS:
+                for n in (400, 401, 1601, 6404, 12800):
+                    q, k, v = _plan.inputs(2, 4, n, dk, dv, _plan.DTYPES[dtype], layout)
+                    for tf32 in (False, True):
+                        fields = _plan.plan("fwd", q, k, v, device=device, allow_tf32=tf32)[1]
+                        assert fields["smem_bytes"] <= device[3], (dtype, dk, dv, layout, n)
+                        picked.add(fields["instance"])
+                        for deterministic in (False, True):
+                            fields = _plan.plan("bwd", q, k, v, device=device, allow_tf32=tf32,
+                                                deterministic=deterministic)[1]
+                            assert fields["smem_bytes"] <= device[3], (dtype, dk, dv, layout, n)
+    if device[5]:
+        assert len(picked - {-1}) > 10  # the sweep reached the kernels, not only fallbacks
+
+
+def test_kernels_too_big_for_99_kb_fall_back_to_blockwise():
+    """On 99 KB GPUs (RTX 30 / 40 / 50) the exact fp32 forward at (32, 64) (107.5 KB) and the
+    mma.sync backward at (128, 128) (132 KB) do not fit: those calls run blockwise; on an A100
+    (163 KB) the kernels run."""
+    rtx, a100 = _plan.DEVICES["rtx4090"], _plan.DEVICES["a100"]
+    q, k, v = _plan.inputs(16, 4, 400, 32, 64, torch.float32, "psa")
+    description, fields = _plan.plan("fwd", q, k, v, device=rtx, allow_tf32=False)
+    assert description == ("blockwise forward on at::matmul (no fast kernel fits the GPU's shared "
+                           "memory)") and fields["no_fast_kernel"]
+    assert _plan.plan("fwd", q, k, v, device=a100, allow_tf32=False)[0].startswith("FFMA forward")
+    assert _plan.plan("fwd", q, k, v, device=rtx, allow_tf32=True)[0].startswith("TF32")
+    q, k, v = _plan.inputs(2, 8, 1024, 128, 128, torch.bfloat16, "token_major")
+    assert _plan.plan("bwd", q, k, v, device=rtx)[0].startswith("blockwise backward")
+    assert _plan.plan("bwd", q, k, v, device=a100)[0].startswith("mma.sync backward")
+    assert _plan.plan("fwd", q, k, v, device=rtx)[0].startswith("mma.sync forward")
+    forced = _plan.plan("bwd", q, k, v, device=_plan.DEVICES["h100"],
+                        force={"smem_per_block": 99 * 1024})[0]
+    assert forced.startswith("blockwise backward")

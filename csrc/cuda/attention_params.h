@@ -46,6 +46,7 @@ struct FwdInstance {
   int vec_bytes;
   KVRead read;
   int read_vec_bytes;
+  int smem_bytes;  // dynamic shared memory per CTA
 };
 struct BwdInstance {
   BwdKernel kernel;
@@ -55,6 +56,7 @@ struct BwdInstance {
   int vec_bytes;
   StreamRead read;
   int read_vec_bytes;
+  int smem_bytes;  // dynamic shared memory per CTA (the larger schedule's, mma.sync)
 };
 
 // The most CTAs that share a row tile of the fp32 forward (FwdParams::kv_splits), and its

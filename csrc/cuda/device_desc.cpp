@@ -22,6 +22,7 @@ DeviceDesc query(int device) {
   cudaDeviceGetAttribute(&d.major, cudaDevAttrComputeCapabilityMajor, device);
   cudaDeviceGetAttribute(&d.minor, cudaDevAttrComputeCapabilityMinor, device);
   cudaDeviceGetAttribute(&d.multiprocessors, cudaDevAttrMultiProcessorCount, device);
+  cudaDeviceGetAttribute(&d.smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   cudaGetLastError();  // a failed query leaves zeros, and no sticky error
 #if defined(PSA_FA2_WITH_SM90A)
   d.sm90_kernels = d.major == 9 && d.minor == 0 && !sm90_disabled_by_environment();

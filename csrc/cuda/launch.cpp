@@ -88,13 +88,27 @@ std::string describe_config(const AttnShape& s, at::ScalarType dtype) {
          ", dv = " + std::to_string(s.head_dim_v) + ", " + layout_name(s.layout);
 }
 
-// Raises for impl="fast" where the plan found no fast kernel; warns once for impl="auto".
-void check_fast_kernel(bool missing, Impl impl, const AttnShape& s, at::ScalarType dtype,
-                       const char* direction, const std::string& unsupported_note) {
-  if (!missing) return;
-  if (!unsupported_note.empty()) {
+// Raises for impl="fast" where the plan runs no fast kernel; warns once for impl="auto".
+void check_fast_kernel(Fallback fallback, Impl impl, const AttnShape& s, at::ScalarType dtype,
+                       const char* direction, const std::string& unsupported_note,
+                       const DeviceDesc& device) {
+  if (fallback == Fallback::kNone) return;
+  if (fallback == Fallback::kDeviceRunsNoKernels) {
     TORCH_CHECK(impl != Impl::kFast, "impl=\"fast\": ", unsupported_note);
     TORCH_WARN_ONCE(unsupported_note);
+    return;
+  }
+  if (fallback == Fallback::kSharedMemory) {
+    const std::string note =
+        std::string("psa_fa2: the fast ") + direction + " kernel for " +
+        describe_config(s, dtype) + " needs more shared memory per block than " +
+        at::cuda::getCurrentDeviceProperties()->name + " has (" +
+        std::to_string((g_overrides.smem_per_block > 0 ? g_overrides.smem_per_block
+                                                       : device.smem_per_block) / 1024) +
+        " KB): running blockwise on at::matmul "
+        "(correct, slower)";
+    TORCH_CHECK(impl != Impl::kFast, "impl=\"fast\": ", note);
+    TORCH_WARN_ONCE(note);
     return;
   }
   TORCH_CHECK(impl != Impl::kFast, "impl=\"fast\": no fast ", direction, " kernel for ",
@@ -118,9 +132,10 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
 
   FwdParams p = make_fwd_params(s, q, k, v, out, lse, scale);
   p.allow_tf32 = fp32_matmul_allows_tf32();
-  const FwdPlan plan = plan_fwd(p, impl, device_for(unsupported_note), g_overrides);
-  check_fast_kernel(plan.no_fast_kernel, impl, s, q.scalar_type(), "forward",
-                    no_kernels_note(unsupported_note));
+  const DeviceDesc device = device_for(unsupported_note);
+  const FwdPlan plan = plan_fwd(p, impl, device, g_overrides);
+  check_fast_kernel(plan.fallback, impl, s, q.scalar_type(), "forward",
+                    no_kernels_note(unsupported_note), device);
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (plan.kernel == FwdKernel::kBlockwise) {
@@ -171,9 +186,10 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
   p.allow_tf32 = fp32_matmul_allows_tf32();
   p.deterministic = deterministic || at::globalContext().deterministicAlgorithms();
   p.accumulate = accumulate;
-  const BwdPlan plan = plan_bwd(p, impl, device_for(unsupported_note), g_overrides);
-  check_fast_kernel(plan.no_fast_kernel, impl, s, q.scalar_type(), "backward",
-                    no_kernels_note(unsupported_note));
+  const DeviceDesc device = device_for(unsupported_note);
+  const BwdPlan plan = plan_bwd(p, impl, device, g_overrides);
+  check_fast_kernel(plan.fallback, impl, s, q.scalar_type(), "backward",
+                    no_kernels_note(unsupported_note), device);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
   if (plan.kernel == BwdKernel::kBlockwise) {

@@ -350,6 +350,11 @@ bool runs_kernels(const DeviceDesc& device, const PlanOverrides& overrides) {
   return device.runs_kernels && !overrides.as_if_no_kernels;
 }
 
+bool fits(int smem_bytes, const DeviceDesc& device, const PlanOverrides& overrides) {
+  const int limit = overrides.smem_per_block > 0 ? overrides.smem_per_block : device.smem_per_block;
+  return limit <= 0 || smem_bytes <= limit;
+}
+
 }  // namespace
 
 FwdPlan plan_fwd(const FwdParams& p, Impl impl, const DeviceDesc& device,
@@ -357,7 +362,7 @@ FwdPlan plan_fwd(const FwdParams& p, Impl impl, const DeviceDesc& device,
   FwdPlan plan;
   if (!runs_kernels(device, overrides)) {
     plan.kernel = FwdKernel::kBlockwise;
-    plan.no_fast_kernel = impl != Impl::kReference;
+    if (impl != Impl::kReference) plan.fallback = Fallback::kDeviceRunsNoKernels;
     return plan;
   }
   if (impl == Impl::kReference) return plan;
@@ -368,7 +373,13 @@ FwdPlan plan_fwd(const FwdParams& p, Impl impl, const DeviceDesc& device,
   }
   if (plan.instance < 0) {
     plan = FwdPlan{};
-    plan.no_fast_kernel = true;
+    plan.fallback = Fallback::kNoInstance;
+    return plan;
+  }
+  if (!fits(kFwdInstances[plan.instance].smem_bytes, device, overrides)) {
+    plan = FwdPlan{};
+    plan.kernel = FwdKernel::kBlockwise;
+    plan.fallback = Fallback::kSharedMemory;
     return plan;
   }
   plan.kernel = kFwdInstances[plan.instance].kernel;
@@ -380,17 +391,26 @@ BwdPlan plan_bwd(const BwdParams& p, Impl impl, const DeviceDesc& device,
   BwdPlan plan;
   if (!runs_kernels(device, overrides)) {
     plan.kernel = BwdKernel::kBlockwise;
-    plan.no_fast_kernel = impl != Impl::kReference;
+    if (impl != Impl::kReference) plan.fallback = Fallback::kDeviceRunsNoKernels;
     return plan;
   }
   if (impl == Impl::kReference) return plan;
   if (p.dtype == DType::kFloat32) {
     plan_f32_bwd(p, device, plan);
+    if (plan.instance >= 0 && !fits(kBwdInstances[plan.instance].smem_bytes, device, overrides)) {
+      plan = BwdPlan{};
+      plan.kernel = BwdKernel::kBlockwise;  // what fp32 runs where the FFMA kernel does not
+    }
     return plan;
   }
   const int sm80 = sm80_bwd_instance(p);
   if (sm80 < 0) {
-    plan.no_fast_kernel = true;
+    plan.fallback = Fallback::kNoInstance;
+    return plan;
+  }
+  if (!fits(kBwdInstances[sm80].smem_bytes, device, overrides)) {
+    plan.kernel = BwdKernel::kBlockwise;
+    plan.fallback = Fallback::kSharedMemory;
     return plan;
   }
   const int64_t bh = int64_t(p.batch) * p.heads;
@@ -449,7 +469,9 @@ std::string bytes(int vec) { return std::to_string(vec) + "B"; }
 
 std::string describe(const FwdPlan& plan) {
   if (plan.kernel == FwdKernel::kBlockwise) {
-    return "blockwise forward on at::matmul (the GPU runs none of this build's kernels)";
+    return plan.fallback == Fallback::kSharedMemory
+               ? "blockwise forward on at::matmul (no fast kernel fits the GPU's shared memory)"
+               : "blockwise forward on at::matmul (the GPU runs none of this build's kernels)";
   }
   if (plan.instance < 0) return "reference forward (one query row per CTA)";
   const FwdInstance& in = kFwdInstances[plan.instance];

@@ -19,6 +19,7 @@ namespace psa_fa2 {
 struct DeviceDesc {
   int major = 0, minor = 0;   // compute capability
   int multiprocessors = 0;
+  int smem_per_block = 0;     // shared memory a CTA may opt in to (0: unknown, not checked)
   bool sm90_kernels = false;  // the build has sm_90a code, the device is compute capability 9.0,
                               // and PSA_FA2_DISABLE_SM90 is not set
   // The device runs this build's kernels: compute capability 8.0 or newer, and code for it in
@@ -37,8 +38,14 @@ struct PlanOverrides {
   int kv_image_warpgroups = 0;       // 2 or 3 with kv_images kAlways; 0: the plan picks
   Choice stream_images = Choice::kAuto;  // backward: Q / dO stream images
   bool as_if_no_kernels = false;  // plan as on a GPU that runs none of this build's kernels
+  int smem_per_block = 0;         // plan as on a GPU with this much shared memory per CTA
 };
 
+
+// Why a call runs no fast kernel: none is compiled for it (the reference kernel runs), the
+// GPU runs none of this build's kernels, or the one that would run needs more shared memory
+// per CTA than the GPU has (both: blockwise on at::matmul).
+enum class Fallback : int { kNone = 0, kNoInstance, kDeviceRunsNoKernels, kSharedMemory };
 
 // The copies a call makes before its kernels run (aligned_rows.h makes them).
 enum class FwdCopy : int { kNone = 0, kAlignedKV, kKVTileImages };
@@ -50,7 +57,7 @@ struct FwdPlan {
                       // and blockwise paths
   FwdCopy copy = FwdCopy::kNone;
   int kv_splits = 1;  // fp32 kernels: CTAs sharing each row tile (FwdParams::kv_splits)
-  bool no_fast_kernel = false;  // a fast kernel was wanted (impl auto / fast) and none fits
+  Fallback fallback = Fallback::kNone;  // where impl auto / fast wanted a fast kernel
 };
 
 struct BwdPlan {
@@ -61,7 +68,7 @@ struct BwdPlan {
   int f32_row_pieces = 1;  // FFMA kernel: CTAs sharing a key tile
   BwdTailSplit tail{};     // wgmma kernel: the last wave shared along the query stream
   size_t workspace_bytes = 0;  // fast kernels' scratch (dQ accumulators, tail sums)
-  bool no_fast_kernel = false;
+  Fallback fallback = Fallback::kNone;
 };
 
 FwdPlan plan_fwd(const FwdParams& call, Impl impl, const DeviceDesc& device,

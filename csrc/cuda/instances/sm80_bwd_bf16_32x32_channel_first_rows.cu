@@ -3,4 +3,6 @@
 
 namespace psa_fa2 {
 template void launch_bwd_sm80<DType::kBFloat16, 32, 32, Layout::kChannelFirst>(const BwdParams&, const BwdPlan&, cudaStream_t);
+static_assert(int(fbwd::Config<DType::kBFloat16, 32, 32, Layout::kChannelFirst>::kSmemAtomic > fbwd::Config<DType::kBFloat16, 32, 32, Layout::kChannelFirst>::kSmemCombined ? fbwd::Config<DType::kBFloat16, 32, 32, Layout::kChannelFirst>::kSmemAtomic : fbwd::Config<DType::kBFloat16, 32, 32, Layout::kChannelFirst>::kSmemCombined) == 55296,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

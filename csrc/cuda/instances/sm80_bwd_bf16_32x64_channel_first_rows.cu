@@ -3,4 +3,6 @@
 
 namespace psa_fa2 {
 template void launch_bwd_sm80<DType::kBFloat16, 32, 64, Layout::kChannelFirst>(const BwdParams&, const BwdPlan&, cudaStream_t);
+static_assert(int(fbwd::Config<DType::kBFloat16, 32, 64, Layout::kChannelFirst>::kSmemAtomic > fbwd::Config<DType::kBFloat16, 32, 64, Layout::kChannelFirst>::kSmemCombined ? fbwd::Config<DType::kBFloat16, 32, 64, Layout::kChannelFirst>::kSmemAtomic : fbwd::Config<DType::kBFloat16, 32, 64, Layout::kChannelFirst>::kSmemCombined) == 73216,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

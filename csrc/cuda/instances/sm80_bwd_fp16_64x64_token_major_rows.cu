@@ -3,4 +3,6 @@
 
 namespace psa_fa2 {
 template void launch_bwd_sm80<DType::kFloat16, 64, 64, Layout::kTokenMajor>(const BwdParams&, const BwdPlan&, cudaStream_t);
+static_assert(int(fbwd::Config<DType::kFloat16, 64, 64, Layout::kTokenMajor>::kSmemAtomic > fbwd::Config<DType::kFloat16, 64, 64, Layout::kTokenMajor>::kSmemCombined ? fbwd::Config<DType::kFloat16, 64, 64, Layout::kTokenMajor>::kSmemAtomic : fbwd::Config<DType::kFloat16, 64, 64, Layout::kTokenMajor>::kSmemCombined) == 93184,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

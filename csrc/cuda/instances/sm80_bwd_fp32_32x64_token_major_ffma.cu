@@ -3,4 +3,6 @@
 
 namespace psa_fa2 {
 template void launch_bwd_f32<32, 64, Layout::kTokenMajor>(const BwdParams&, const BwdPlan&, cudaStream_t);
+static_assert(flash_bwd_f32_detail::SmemPlan<32, 64>::kSmemBytes == 89344,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

@@ -3,4 +3,6 @@
 
 namespace psa_fa2 {
 template void launch_fwd_sm80<DType::kBFloat16, 128, 128, Layout::kChannelFirst, 16>(const FwdParams&, cudaStream_t);
+static_assert(flash_fwd_detail::FwdTraits<DType::kBFloat16, 128, 128, Layout::kChannelFirst, 16>::kSmemBytes == 81920,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

@@ -5,4 +5,10 @@ namespace psa_fa2 {
 template void launch_fwd_sm80<DType::kBFloat16, 64, 64, Layout::kChannelFirst, 8>(const FwdParams&, cudaStream_t);
 template void launch_fwd_sm80<DType::kBFloat16, 64, 64, Layout::kChannelFirst, 4>(const FwdParams&, cudaStream_t);
 template void launch_fwd_sm80<DType::kBFloat16, 64, 64, Layout::kChannelFirst, 2>(const FwdParams&, cudaStream_t);
+static_assert(flash_fwd_detail::FwdTraits<DType::kBFloat16, 64, 64, Layout::kChannelFirst, 8>::kSmemBytes == 40960,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(flash_fwd_detail::FwdTraits<DType::kBFloat16, 64, 64, Layout::kChannelFirst, 4>::kSmemBytes == 40960,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(flash_fwd_detail::FwdTraits<DType::kBFloat16, 64, 64, Layout::kChannelFirst, 2>::kSmemBytes == 40960,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

@@ -5,4 +5,10 @@ namespace psa_fa2 {
 template void launch_fwd_sm80<DType::kFloat16, 32, 32, Layout::kChannelFirst, 8>(const FwdParams&, cudaStream_t);
 template void launch_fwd_sm80<DType::kFloat16, 32, 32, Layout::kChannelFirst, 4>(const FwdParams&, cudaStream_t);
 template void launch_fwd_sm80<DType::kFloat16, 32, 32, Layout::kChannelFirst, 2>(const FwdParams&, cudaStream_t);
+static_assert(flash_fwd_detail::FwdTraits<DType::kFloat16, 32, 32, Layout::kChannelFirst, 8>::kSmemBytes == 20480,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(flash_fwd_detail::FwdTraits<DType::kFloat16, 32, 32, Layout::kChannelFirst, 4>::kSmemBytes == 20480,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(flash_fwd_detail::FwdTraits<DType::kFloat16, 32, 32, Layout::kChannelFirst, 2>::kSmemBytes == 20480,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

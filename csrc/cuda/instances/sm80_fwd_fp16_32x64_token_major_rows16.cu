@@ -3,4 +3,6 @@
 
 namespace psa_fa2 {
 template void launch_fwd_sm80<DType::kFloat16, 32, 64, Layout::kTokenMajor, 16>(const FwdParams&, cudaStream_t);
+static_assert(flash_fwd_detail::FwdTraits<DType::kFloat16, 32, 64, Layout::kTokenMajor, 16>::kSmemBytes == 28672,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

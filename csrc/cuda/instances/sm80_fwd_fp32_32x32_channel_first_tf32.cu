@@ -4,4 +4,8 @@
 namespace psa_fa2 {
 template void launch_fwd_f32<32, 32, Layout::kChannelFirst, 16, true>(const FwdParams&, cudaStream_t);
 template void launch_fwd_f32<32, 32, Layout::kChannelFirst, 4, true>(const FwdParams&, cudaStream_t);
+static_assert(flash_fwd_f32_detail::F32Traits<32, 32, Layout::kChannelFirst, 16, true>::kSmemBytes == 54272,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(flash_fwd_f32_detail::F32Traits<32, 32, Layout::kChannelFirst, 4, true>::kSmemBytes == 54272,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

@@ -4,4 +4,8 @@
 namespace psa_fa2 {
 template void launch_fwd_f32<64, 64, Layout::kChannelFirst, 16, false>(const FwdParams&, cudaStream_t);
 template void launch_fwd_f32<64, 64, Layout::kChannelFirst, 4, false>(const FwdParams&, cudaStream_t);
+static_assert(flash_fwd_f32_detail::F32Traits<64, 64, Layout::kChannelFirst, 16, false>::kSmemBytes == 90112,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(flash_fwd_f32_detail::F32Traits<64, 64, Layout::kChannelFirst, 4, false>::kSmemBytes == 90112,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

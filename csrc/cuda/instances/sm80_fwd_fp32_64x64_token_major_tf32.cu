@@ -4,4 +4,8 @@
 namespace psa_fa2 {
 template void launch_fwd_f32<64, 64, Layout::kTokenMajor, 16, true>(const FwdParams&, cudaStream_t);
 template void launch_fwd_f32<64, 64, Layout::kTokenMajor, 4, true>(const FwdParams&, cudaStream_t);
+static_assert(flash_fwd_f32_detail::F32Traits<64, 64, Layout::kTokenMajor, 16, true>::kSmemBytes == 72704,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(flash_fwd_f32_detail::F32Traits<64, 64, Layout::kTokenMajor, 4, true>::kSmemBytes == 72704,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

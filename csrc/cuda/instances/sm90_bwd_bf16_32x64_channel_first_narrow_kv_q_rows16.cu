@@ -5,4 +5,10 @@ namespace psa_fa2 {
 template void launch_bwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, StreamRead::kRows, 16>(const BwdParams&, const BwdPlan&, cudaStream_t);
 template void launch_bwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, StreamRead::kRows, 16>(const BwdParams&, const BwdPlan&, cudaStream_t);
 template void launch_bwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, StreamRead::kRows, 16>(const BwdParams&, const BwdPlan&, cudaStream_t);
+static_assert(fbwd_sm90::Sm90BwdTraits<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, StreamRead::kRows, 16>::kSmemBytes == 125440,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(fbwd_sm90::Sm90BwdTraits<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, StreamRead::kRows, 16>::kSmemBytes == 125440,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(fbwd_sm90::Sm90BwdTraits<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, StreamRead::kRows, 16>::kSmemBytes == 125440,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

@@ -6,4 +6,12 @@ template void launch_bwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16
 template void launch_bwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, StreamRead::kStreamImages, 16>(const BwdParams&, const BwdPlan&, cudaStream_t);
 template void launch_bwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, StreamRead::kStreamImages, 16>(const BwdParams&, const BwdPlan&, cudaStream_t);
 template void launch_bwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, StreamRead::kStreamImages, 16>(const BwdParams&, const BwdPlan&, cudaStream_t);
+static_assert(fbwd_sm90::Sm90BwdTraits<DType::kFloat16, 32, 64, Layout::kChannelFirst, 16, StreamRead::kStreamImages, 16>::kSmemBytes == 121896,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(fbwd_sm90::Sm90BwdTraits<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, StreamRead::kStreamImages, 16>::kSmemBytes == 121896,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(fbwd_sm90::Sm90BwdTraits<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, StreamRead::kStreamImages, 16>::kSmemBytes == 121896,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(fbwd_sm90::Sm90BwdTraits<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, StreamRead::kStreamImages, 16>::kSmemBytes == 121896,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

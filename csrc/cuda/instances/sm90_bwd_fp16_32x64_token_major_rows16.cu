@@ -3,4 +3,6 @@
 
 namespace psa_fa2 {
 template void launch_bwd_sm90<DType::kFloat16, 32, 64, Layout::kTokenMajor, 16, StreamRead::kRows, 16>(const BwdParams&, const BwdPlan&, cudaStream_t);
+static_assert(fbwd_sm90::Sm90BwdTraits<DType::kFloat16, 32, 64, Layout::kTokenMajor, 16, StreamRead::kRows, 16>::kSmemBytes == 125440,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

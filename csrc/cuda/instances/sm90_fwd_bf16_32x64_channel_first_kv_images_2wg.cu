@@ -6,4 +6,12 @@ template void launch_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 1
 template void launch_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, KVRead::kTileImages2wg, 16>(const FwdParams&, cudaStream_t);
 template void launch_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, KVRead::kTileImages2wg, 16>(const FwdParams&, cudaStream_t);
 template void launch_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, KVRead::kTileImages2wg, 16>(const FwdParams&, cudaStream_t);
+static_assert(flash_fwd_detail::Sm90FwdTraits<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16, KVRead::kTileImages2wg, 16>::kSmemBytes == 57408,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(flash_fwd_detail::Sm90FwdTraits<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 8, KVRead::kTileImages2wg, 16>::kSmemBytes == 57408,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(flash_fwd_detail::Sm90FwdTraits<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 4, KVRead::kTileImages2wg, 16>::kSmemBytes == 57408,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(flash_fwd_detail::Sm90FwdTraits<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 2, KVRead::kTileImages2wg, 16>::kSmemBytes == 57408,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

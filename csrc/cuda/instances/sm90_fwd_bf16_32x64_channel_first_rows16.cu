@@ -3,4 +3,6 @@
 
 namespace psa_fa2 {
 template void launch_fwd_sm90<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16, KVRead::kRows, 16>(const FwdParams&, cudaStream_t);
+static_assert(flash_fwd_detail::Sm90FwdTraits<DType::kBFloat16, 32, 64, Layout::kChannelFirst, 16, KVRead::kRows, 16>::kSmemBytes == 28672,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2

@@ -5,4 +5,10 @@ namespace psa_fa2 {
 template void launch_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, KVRead::kRows, 8>(const FwdParams&, cudaStream_t);
 template void launch_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, KVRead::kRows, 4>(const FwdParams&, cudaStream_t);
 template void launch_fwd_sm90<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, KVRead::kRows, 2>(const FwdParams&, cudaStream_t);
+static_assert(flash_fwd_detail::Sm90FwdTraits<DType::kFloat16, 32, 64, Layout::kChannelFirst, 8, KVRead::kRows, 8>::kSmemBytes == 28672,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(flash_fwd_detail::Sm90FwdTraits<DType::kFloat16, 32, 64, Layout::kChannelFirst, 4, KVRead::kRows, 4>::kSmemBytes == 28672,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
+static_assert(flash_fwd_detail::Sm90FwdTraits<DType::kFloat16, 32, 64, Layout::kChannelFirst, 2, KVRead::kRows, 2>::kSmemBytes == 28672,
+              "registry.h's smem_bytes: generate_instances.py --measure-smem");
 }  // namespace psa_fa2
