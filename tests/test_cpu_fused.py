@@ -76,7 +76,10 @@ def test_fp32_within_1e5_of_float64(isa, N, dk, dv, layout):
 def test_fp32_error_does_not_grow_with_n():
     """At 8192 keys the fp32 forward stays within 2x the eager fp32 math's error (besides
     1e-5): a product summed as one sequential chain over all keys, rather than per tile and
-    then across tiles, put it at 5x there."""
+    then across tiles, put it at 5x there. One seeded draw: over 30 draws the ratio was
+    1.0-1.7x, and one unseeded draw of a whole test run once passed 2x, so an unseeded test
+    would fail now and then with nothing wrong."""
+    torch.manual_seed(8192)
     _, q, k, v = make_qkv(1, 1, 8192, 32, 64, torch.float32, "cpu", "channel_first")
     out, _ = torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5)
     ref64, eager = forward_reference(q, k, v, 32 ** -0.5)
