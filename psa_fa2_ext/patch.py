@@ -245,7 +245,10 @@ def _patched_validation_model(get_model, model, trainer=None, **kwargs):
     checkpoint by path (unpatched); load it here instead and patch it."""
     model = get_model(model, trainer, **kwargs)
     if trainer is None and isinstance(model, (str, PurePath)):
-        from ultralytics.nn.tasks import load_checkpoint
+        try:
+            from ultralytics.nn.tasks import load_checkpoint
+        except ImportError:  # pragma: no cover - an Ultralytics without it validates unpatched
+            return model
         model, _ = load_checkpoint(model)
     if isinstance(model, nn.Module):
         _switch_blocks(model)
