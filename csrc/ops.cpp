@@ -24,12 +24,10 @@
 #ifndef PSA_FA2_TORCH_VERSION
 #define PSA_FA2_TORCH_VERSION "unknown"
 #endif
-#ifndef PSA_FA2_CUDA_ARCHS
-#define PSA_FA2_CUDA_ARCHS ""
-#endif
-
 #ifdef PSA_FA2_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda/device_desc.h"
 namespace psa_fa2 {
 void set_plan_overrides(const PlanOverrides& overrides);  // cuda/launch.cpp
 bool current_device_runs_kernels();                       // cuda/launch.cpp
@@ -66,12 +64,10 @@ pybind11::dict build_info() {
   info["cuda"] = true;
   info["cuda_version"] = std::to_string(CUDART_VERSION / 1000) + "." +
                          std::to_string((CUDART_VERSION % 1000) / 10);
-  info["cuda_archs"] = std::string(PSA_FA2_CUDA_ARCHS);
-#if defined(PSA_FA2_WITH_SM90A)
-  info["cuda_kernels"] = std::vector<std::string>{"reference", "mma.sync", "ffma", "tf32", "wgmma"};
-#else
-  info["cuda_kernels"] = std::vector<std::string>{"reference", "mma.sync", "ffma", "tf32"};
-#endif
+  info["cuda_archs"] = std::string(psa_fa2::built_cuda_archs());
+  std::vector<std::string> kernels{"reference", "mma.sync", "ffma", "tf32"};
+  if (psa_fa2::built_sm90a_kernels()) kernels.push_back("wgmma");
+  info["cuda_kernels"] = kernels;
 #else
   info["cuda"] = false;
   info["cuda_version"] = pybind11::none();

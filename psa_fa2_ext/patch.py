@@ -321,13 +321,18 @@ def patch_ultralytics(model: nn.Module) -> PatchCount:
 def unpatch_ultralytics(model: nn.Module) -> int:
     """Undo ``patch_ultralytics``: every patched block gets its Ultralytics class back; returns how many."""
     n = _unswitch_blocks(model)
+    _unpatch_model_object(model)
+    _remove_callback(model)
+    return n
+
+
+def _unpatch_model_object(model: nn.Module) -> None:
+    """A ``YOLO`` object's own class back, and its predictor's copy of the model unpatched."""
     if isinstance(model, _FA2ModelMixin):
         model.__class__ = model._psa_fa2_base
     predictor_model = _predictor_model(model)
     if predictor_model is not None:
         _unswitch_blocks(predictor_model)
-    _remove_callback(model)
-    return n
 
 
 @contextlib.contextmanager
@@ -345,10 +350,6 @@ def patched(model: nn.Module) -> Iterator[nn.Module]:
         for m in model.modules():
             if is_patched(m) and id(m) not in before:
                 m.__class__ = m._psa_fa2_base
-        if isinstance(model, _FA2ModelMixin):
-            model.__class__ = model._psa_fa2_base
-            predictor_model = _predictor_model(model)
-            if predictor_model is not None:
-                _unswitch_blocks(predictor_model)
+        _unpatch_model_object(model)
         if not had_callback:
             _remove_callback(model)

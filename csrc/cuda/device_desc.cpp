@@ -9,7 +9,7 @@
 namespace psa_fa2 {
 namespace {
 
-[[maybe_unused]] bool sm90_disabled_by_environment() {
+bool sm90_disabled_by_environment() {
   static const bool disabled = [] {
     const char* value = std::getenv("PSA_FA2_DISABLE_SM90");
     return value != nullptr && std::strcmp(value, "1") == 0;
@@ -24,13 +24,22 @@ DeviceDesc query(int device) {
   cudaDeviceGetAttribute(&d.multiprocessors, cudaDevAttrMultiProcessorCount, device);
   cudaDeviceGetAttribute(&d.smem_per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   cudaGetLastError();  // a failed query leaves zeros, and no sticky error
-#if defined(PSA_FA2_WITH_SM90A)
-  d.sm90_kernels = d.major == 9 && d.minor == 0 && !sm90_disabled_by_environment();
-#endif
+  d.sm90_kernels = built_sm90a_kernels() && d.major == 9 && d.minor == 0 &&
+                   !sm90_disabled_by_environment();
   return d;
 }
 
 }  // namespace
+
+const char* built_cuda_archs() { return PSA_FA2_CUDA_ARCHS; }
+
+bool built_sm90a_kernels() {
+#if defined(PSA_FA2_WITH_SM90A)
+  return true;
+#else
+  return false;
+#endif
+}
 
 DeviceDesc current_device_desc() {
   constexpr int kMaxDevices = 64;

@@ -38,10 +38,6 @@ namespace {
 // PyTorch's matmul rule for fp32: TF32 tensor cores unless the precision is "highest".
 bool fp32_matmul_allows_tf32() { return at::globalContext().allowTF32CuBLAS(); }
 
-#ifndef PSA_FA2_CUDA_ARCHS
-#define PSA_FA2_CUDA_ARCHS ""
-#endif
-
 // Where the current device runs none of this build's kernels, what a user reads once: which
 // GPU, why, what runs instead, and how to get the kernels. Empty where it runs them. Called
 // with the inputs' device current; raises only where the CUDA runtime cannot report on it.
@@ -61,7 +57,7 @@ std::string unsupported_device_note(const at::Tensor& t) {
            "on " + device + ": attention runs blockwise on at::matmul instead (correct, memory "
            "O(block x N), slower)";
   }
-  return std::string("psa_fa2 was built for CUDA archs \"") + PSA_FA2_CUDA_ARCHS +
+  return std::string("psa_fa2 was built for CUDA archs \"") + built_cuda_archs() +
          "\", which have no code that " + device + " can run: attention runs blockwise on "
          "at::matmul instead (correct, slower); for the kernels, reinstall it with "
          "TORCH_CUDA_ARCH_LIST=\"" + arch + "\" (or build it on a machine with this GPU, whose "
