@@ -57,9 +57,7 @@ inline AttnShape check_fwd_inputs(const at::Tensor& q, const at::Tensor& k, cons
               "], got ", str(dk));
   TORCH_CHECK(dv >= 1 && dv <= kMaxHeadDim, "v head dim (dv) must be in [1, ", str(kMaxHeadDim),
               "], got ", str(dv));
-  TORCH_CHECK(N <= INT32_MAX && B * H <= 65535,
-              "N must be < 2^31 and B*H <= 65535 (the grid's y dimension), got N = ", str(N),
-              ", B*H = ", str(B * H));
+  TORCH_CHECK(N <= INT32_MAX, "the sequence length N must be below 2^31, got N = ", str(N));
   const Layout layout = common_layout({{"q", &q}, {"k", &k}, {"v", &v}});
   return {B, H, N, dk, dv, layout};
 }

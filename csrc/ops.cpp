@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cpu/tile_math.h"
+#include "cuda/grid_chunks.h"
 #include "cuda/instances/registry.h"
 #include "cuda/plan.h"
 
@@ -142,7 +143,19 @@ pybind11::tuple plan_call(const std::string& direction, const std::string& dtype
   const psa_fa2::Layout layout =
       channel_first ? psa_fa2::Layout::kChannelFirst : psa_fa2::Layout::kTokenMajor;
   static int lse_storage;  // only its alignment is looked at
+  // A call beyond the grid's B * H cap runs as launches of its own plans (grid_chunks.h): the
+  // first launch's plan stands for all of them.
+  const int64_t launches = psa_fa2::grid_chunk_count(batch, heads);
+  const psa_fa2::GridChunk first = psa_fa2::first_grid_chunk(batch, heads);
+  batch = int(first.batches);
+  heads = int(first.heads);
+  const std::string in_launches =
+      launches > 1 ? "; in " + std::to_string(launches) + " launches, as the grid's y dimension "
+                         "holds at most " + std::to_string(psa_fa2::kMaxGridY) + " (b, h) pairs; "
+                         "the first launch's plan is shown"
+                   : "";
   pybind11::dict fields;
+  fields["launches"] = launches;
   if (direction == "fwd") {
     if (tensors.size() != 4) throw pybind11::value_error("fwd: tensors are q, k, v, out");
     psa_fa2::FwdParams p{};
@@ -160,7 +173,7 @@ pybind11::tuple plan_call(const std::string& direction, const std::string& dtype
     fields["fallback"] = int(plan.fallback);
     fields["no_fast_kernel"] = plan.fallback != psa_fa2::Fallback::kNone;
     fields["smem_bytes"] = plan.instance >= 0 ? psa_fa2::kFwdInstances[plan.instance].smem_bytes : 0;
-    return pybind11::make_tuple(psa_fa2::describe(plan), fields);
+    return pybind11::make_tuple(psa_fa2::describe(plan) + in_launches, fields);
   }
   if (direction != "bwd") throw pybind11::value_error("direction: expected fwd or bwd");
   if (tensors.size() != 8) {
@@ -185,7 +198,7 @@ pybind11::tuple plan_call(const std::string& direction, const std::string& dtype
   fields["fallback"] = int(plan.fallback);
   fields["no_fast_kernel"] = plan.fallback != psa_fa2::Fallback::kNone;
   fields["smem_bytes"] = plan.instance >= 0 ? psa_fa2::kBwdInstances[plan.instance].smem_bytes : 0;
-  return pybind11::make_tuple(psa_fa2::describe(plan), fields);
+  return pybind11::make_tuple(psa_fa2::describe(plan) + in_launches, fields);
 }
 
 }  // namespace

@@ -173,8 +173,9 @@ def assert_zero_softmax_gradient(dq, dk, q, k, v, dout, scale):
         assert g.double().abs().max() <= bound, f"{name} must be ~0 at N = 1, got {g.abs().max()}"
 
 
-def check_forward(device, impl, N, dk, dv, dtype, layout):
-    B, H = batch_heads(N)
+def check_forward(device, impl, N, dk, dv, dtype, layout, heads=None):
+    """heads: (B, H), else batch_heads(N)."""
+    B, H = heads or batch_heads(N)
     _, q, k, v = make_qkv(B, H, N, dk, dv, dtype, device, layout)
     scale = dk ** -0.5
     if device == "cuda":

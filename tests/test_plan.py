@@ -120,9 +120,27 @@ def test_impl_reference_plans_the_reference_kernel_where_a_fast_one_exists():
         assert description.startswith("reference") and fields["instance"] == -1
 
 
-def test_backward_beyond_65535_heads_plans_the_reference_kernel():
-    q, k, v = _plan.inputs(70000, 1, 64, 32, 64, torch.bfloat16, "psa")
-    assert _plan.plan("bwd", q, k, v, device=H100)[0].startswith("reference")
+@pytest.mark.parametrize("batch, heads, launches", [(70000, 1, 2), (17500, 4, 2), (1, 70000, 2),
+                                                    (3, 65536, 6), (65535, 1, 1)])
+@pytest.mark.parametrize("direction", ["fwd", "bwd"])
+def test_calls_beyond_the_grids_65535_pairs_run_in_launches_of_the_same_kernel(
+        batch, heads, launches, direction):
+    """CUDA's grid holds at most 65535 (b, h) pairs in y: a larger call runs as launches of
+    whole batches (or of one batch's heads), each planned as a call of its own."""
+    q, k, v = _plan.inputs(batch, heads, 64, 32, 64, torch.bfloat16, "psa")
+    description, fields = _plan.plan(direction, q, k, v, device=H100)
+    assert fields["launches"] == launches
+    assert fields["instance"] >= 0 and not fields["no_fast_kernel"], description
+    first_heads = min(heads, 65535)
+    first = _plan.inputs(min(batch, 65535 // first_heads), first_heads, 64, 32, 64,
+                         torch.bfloat16, "psa")
+    first_description, first_fields = _plan.plan(direction, *first, device=H100)
+    assert first_fields["launches"] == 1 and first_fields["instance"] == fields["instance"]
+    if launches > 1:
+        assert description == first_description + f"; in {launches} launches, as the grid's y " \
+            "dimension holds at most 65535 (b, h) pairs; the first launch's plan is shown"
+    else:
+        assert description == first_description
 
 
 def test_forced_paths_change_only_what_they_name():

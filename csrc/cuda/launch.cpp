@@ -15,6 +15,7 @@
 #include "aligned_rows.h"
 #include "device_desc.h"
 #include "device_support.h"
+#include "grid_chunks.h"
 #include "kernels/kv_split_scratch.h"
 #include "kernels/launchers.h"
 #include "make_params.h"
@@ -114,18 +115,22 @@ void check_fast_kernel(Fallback fallback, Impl impl, const AttnShape& s, at::Sca
                   "; running the reference kernel, which is correct but slow");
 }
 
-std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k,
-                                            const at::Tensor& v, double scale,
-                                            c10::string_view impl_name) {
-  const AttnShape s = check_fwd_inputs(q, k, v);
-  const Impl impl = parse_impl(impl_name);
-  const c10::cuda::CUDAGuard guard(q.device());
-  const std::string unsupported_note = unsupported_device_note(q);
-  at::Tensor out = empty_in_layout(s, s.head_dim_v, s.layout, q.options());
-  at::Tensor lse = at::empty({s.batch, s.heads, s.seqlen},
-                             q.options().dtype(accumulate_dtype(q.scalar_type())));
-  if (out.numel() == 0) return {out, lse};
+// One launch's share of a call's [B, H, ...] tensor (grid_chunks.h); the tensor itself for a
+// call of one launch.
+at::Tensor chunk_of(const at::Tensor& t, const GridChunk& c) {
+  if (c.whole) return t;
+  return t.narrow(0, c.batch0, c.batches).narrow(1, c.head0, c.heads);
+}
+AttnShape chunk_of(AttnShape s, const GridChunk& c) {
+  s.batch = c.batches;
+  s.heads = c.heads;
+  return s;
+}
 
+// The forward of one launch: B * H within the grid's cap, out and lse allocated.
+void fwd_launch(const AttnShape& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                double scale, Impl impl, const std::string& unsupported_note, at::Tensor out,
+                at::Tensor lse) {
   FwdParams p = make_fwd_params(s, q, k, v, out, lse, scale);
   p.allow_tf32 = fp32_matmul_allows_tf32();
   const DeviceDesc device = device_for(unsupported_note);
@@ -135,13 +140,14 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
 
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   if (plan.kernel == FwdKernel::kBlockwise) {
+    // blockwise_fwd writes into its out and lse arguments, which may be views of the call's.
     blockwise_fwd(q, k, v, scale, out, lse, kBlockwiseElemsCuda);
-    return {out, lse};
+    return;
   }
   if (plan.instance < 0) {
     reference_fwd(p, stream);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return {out, lse};
+    return;
   }
   // Copies and scratch are freed after the launches; the allocator reuses them in stream order.
   at::Tensor copies, split_scratch;
@@ -163,24 +169,35 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   }
   kFwdLaunchers[plan.instance](p, stream);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {out, lse};
 }
 
-void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
-              const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, double scale,
-              at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, c10::string_view impl_name,
-              bool deterministic, bool accumulate) {
-  const AttnShape s = check_bwd_inputs(dout, q, k, v, out, lse, dq, dk, dv);
+std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tensor& k,
+                                            const at::Tensor& v, double scale,
+                                            c10::string_view impl_name) {
+  const AttnShape s = check_fwd_inputs(q, k, v);
   const Impl impl = parse_impl(impl_name);
   const c10::cuda::CUDAGuard guard(q.device());
   const std::string unsupported_note = unsupported_device_note(q);
-  if (q.numel() == 0 || v.numel() == 0) {
-    if (!accumulate) zero_qk_grads(dq, dk);
-    return;
-  }
+  at::Tensor out = empty_in_layout(s, s.head_dim_v, s.layout, q.options());
+  at::Tensor lse = at::empty({s.batch, s.heads, s.seqlen},
+                             q.options().dtype(accumulate_dtype(q.scalar_type())));
+  if (out.numel() == 0) return {out, lse};
+  for_each_grid_chunk(s.batch, s.heads, [&](const GridChunk& c) {
+    fwd_launch(chunk_of(s, c), chunk_of(q, c), chunk_of(k, c), chunk_of(v, c), scale, impl,
+               unsupported_note, chunk_of(out, c), chunk_of(lse, c));
+  });
+  return {out, lse};
+}
+
+// The backward of one launch: B * H within the grid's cap, no tensor empty.
+void bwd_launch(const AttnShape& s, const at::Tensor& dout, const at::Tensor& q,
+                const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+                const at::Tensor& lse, double scale, at::Tensor dq, at::Tensor dk, at::Tensor dv,
+                Impl impl, const std::string& unsupported_note,
+                bool deterministic, bool accumulate) {
   BwdParams p = make_bwd_params(s, dout, q, k, v, out, lse, dq, dk, dv, scale);
   p.allow_tf32 = fp32_matmul_allows_tf32();
-  p.deterministic = deterministic || at::globalContext().deterministicAlgorithms();
+  p.deterministic = deterministic;
   p.accumulate = accumulate;
   const DeviceDesc device = device_for(unsupported_note);
   const BwdPlan plan = plan_bwd(p, impl, device, g_overrides);
@@ -248,6 +265,26 @@ void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
       break;
   }
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void bwd_cuda(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+              const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, double scale,
+              at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, c10::string_view impl_name,
+              bool deterministic, bool accumulate) {
+  const AttnShape s = check_bwd_inputs(dout, q, k, v, out, lse, dq, dk, dv);
+  const Impl impl = parse_impl(impl_name);
+  const c10::cuda::CUDAGuard guard(q.device());
+  const std::string unsupported_note = unsupported_device_note(q);
+  if (q.numel() == 0 || v.numel() == 0) {
+    if (!accumulate) zero_qk_grads(dq, dk);
+    return;
+  }
+  deterministic = deterministic || at::globalContext().deterministicAlgorithms();
+  for_each_grid_chunk(s.batch, s.heads, [&](const GridChunk& c) {
+    bwd_launch(chunk_of(s, c), chunk_of(dout, c), chunk_of(q, c), chunk_of(k, c), chunk_of(v, c),
+               chunk_of(out, c), chunk_of(lse, c), scale, chunk_of(dq, c), chunk_of(dk, c),
+               chunk_of(dv, c), impl, unsupported_note, deterministic, accumulate);
+  });
 }
 
 }  // namespace

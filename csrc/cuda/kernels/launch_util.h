@@ -24,7 +24,7 @@ inline void allow_dynamic_smem_once(size_t bytes) {
 }
 
 // Grid of the row-tile kernels: (ceil(N / rows_per_cta), B * H). B * H fits the grid's y
-// dimension because check_fwd_inputs admits at most 65535.
+// dimension because launch.cpp launches larger calls in pieces (grid_chunks.h).
 inline dim3 row_tile_grid(int seqlen, int rows_per_cta, int batch_heads) {
   return dim3((seqlen + rows_per_cta - 1) / rows_per_cta, batch_heads);
 }
