@@ -79,6 +79,19 @@ inline at::Tensor empty_in_layout(const AttnShape& s, int64_t d, Layout layout,
                            {s.heads * d * s.seqlen, d * s.seqlen, 1, s.seqlen}, options);
 }
 
+// The forward's output ([B, H, N, dv]) for inputs like q: in `layout`, and, channel-first,
+// with the head dim outside the heads where q has it so. That is how q looks as area views
+// (psa_attention with area > 1: [B * H, area, N / area, D] of a [B, H, D, N] block view,
+// whose "heads" are chunks of N), and out then is the block's [B, H, dv, N] memory, which the
+// block reads without a copy. Every other input gets empty_in_layout's output.
+inline at::Tensor empty_output_like(const at::Tensor& q, const AttnShape& s, Layout layout,
+                                    const at::TensorOptions& options) {
+  const int64_t B = s.batch, H = s.heads, N = s.seqlen, dv = s.head_dim_v;
+  if (layout == Layout::kChannelFirst && H > 1 && q.size(3) > 1 && q.stride(1) < q.stride(3))
+    return at::empty_strided({B, H, N, dv}, {dv * H * N, N, 1, H * N}, options);
+  return empty_in_layout(s, dv, layout, options);
+}
+
 // `t` ([B, H, N, D]) in `layout`, copied only when it is not.
 inline at::Tensor in_layout(const at::Tensor& t, Layout layout) {
   if (layout == Layout::kTokenMajor) return is_token_major(t) ? t : t.contiguous();

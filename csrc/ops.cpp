@@ -48,8 +48,11 @@ TORCH_LIBRARY(psa_fa2, m) {
       "Tensor(a!) dq, Tensor(b!) dk, Tensor(c!) dv, str impl=\"auto\", "
       "bool deterministic=False, bool accumulate=True) -> ()");
   // The Ultralytics block's attention on its channel-first views: q, k [B, H, dk, N],
-  // v [B, H, dv, N] -> [B, H, dv, N] contiguous. Differentiable (psa_attention.cpp).
-  m.def("psa_attention(Tensor q, Tensor k, Tensor v, float scale, str impl=\"auto\") -> Tensor");
+  // v [B, H, dv, N] -> [B, H, dv, N] contiguous. area > 1: attention within each of `area`
+  // equal runs of N (YOLO12's area attention), read in place. Differentiable
+  // (psa_attention.cpp).
+  m.def("psa_attention(Tensor q, Tensor k, Tensor v, float scale, str impl=\"auto\", "
+        "int area=1) -> Tensor");
   // The same on q, k [B, H, N, dk], v [B, H, N, dv] of any layout -> [B, H, N, dv] in theirs
   // (token-major when they share none). Differentiable (psa_attention.cpp).
   m.def("attention(Tensor q, Tensor k, Tensor v, float scale, str impl=\"auto\") -> Tensor");

@@ -1,6 +1,6 @@
 """`python -m psa_fa2_ext`: what was built, and what this machine can run.
 
-`python -m psa_fa2_ext --plan B H N DK DV DTYPE LAYOUT [--device NAME]`: which kernels and
+`python -m psa_fa2_ext --plan B H N DK DV DTYPE LAYOUT [--device NAME] [--area A]`: which kernels and
 copies a CUDA call of that shape runs (forward and backward), on the visible GPU or on a named
 one, without running it.
 """
@@ -41,11 +41,12 @@ def print_plans(args) -> None:
                          f"({', '.join(_plan.DEVICES)})")
     b, h, n, dk, dv = args.plan[:5]
     q, k, v = _plan.inputs(int(b), int(h), int(n), int(dk), int(dv), _plan.DTYPES[args.plan[5]],
-                           args.plan[6])
-    print(f"{name}, B H N = {b} {h} {n}, dk dv = {dk} {dv}, {args.plan[5]}, {args.plan[6]}")
+                           args.plan[6], area=args.area)
+    area = f", area {args.area}" if args.area > 1 else ""
+    print(f"{name}, B H N = {b} {h} {n}, dk dv = {dk} {dv}, {args.plan[5]}, {args.plan[6]}{area}")
     for direction in ("fwd", "bwd"):
         description, _ = _plan.plan(direction, q, k, v, device=device,
-                                    deterministic=args.deterministic)
+                                    deterministic=args.deterministic, area=args.area)
         print(f"  {direction}: {description}")
 
 
@@ -57,6 +58,8 @@ def main() -> None:
     parser.add_argument("--device", choices=sorted(_plan.DEVICES),
                         help="plan for this GPU instead of the visible one")
     parser.add_argument("--deterministic", action="store_true", help="plan a deterministic backward")
+    parser.add_argument("--area", type=int, default=1,
+                        help="psa_attention's area (YOLO12's area attention; layout psa)")
     args = parser.parse_args()
     if args.plan:
         print_plans(args)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import _C
+from .ops import _new_output
 
 # (compute capability major, minor, SMs, shared memory a CTA may opt in to, whether the Hopper
 # wgmma kernels may run, whether the GPU runs this build's kernels at all: those of the default
@@ -46,11 +47,22 @@ def _desc(t: torch.Tensor) -> tuple:
     return (t.storage_offset() * t.element_size(), *t.stride())
 
 
-def inputs(batch, heads, seqlen, dk, dv, dtype, layout, device="meta"):
-    """q, k, v in the ops' logical [B, H, N, d] form, laid out as `layout` says."""
+def area_views(t: torch.Tensor, area: int) -> torch.Tensor:
+    """A block view [B, H, D, N] as the operators see it under psa_attention(..., area=area)
+    (csrc/autograd/psa_attention.cpp): [B * H, area, N / area, D]."""
+    return t.flatten(0, 1).unflatten(2, (area, t.shape[3] // area)).transpose(1, 2).transpose(2, 3)
+
+
+def inputs(batch, heads, seqlen, dk, dv, dtype, layout, device="meta", area=1):
+    """q, k, v in the ops' logical [B, H, N, d] form, laid out as `layout` says; with area > 1
+    ("psa" only), as psa_attention(..., area=area) hands them to the operators."""
+    if area > 1 and layout != "psa":
+        raise ValueError(f"area > 1 applies to the block's views (layout \"psa\"), got {layout!r}")
     if layout == "psa":
         qkv = torch.empty(batch, heads, 2 * dk + dv, seqlen, dtype=dtype, device=device)
         q, k, v = qkv.split([dk, dk, dv], dim=2)
+        if area > 1:
+            return tuple(area_views(t, area) for t in (q, k, v))
         return q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)
     if layout == "channel_first":
         return tuple(torch.empty(batch, heads, d, seqlen, dtype=dtype, device=device)
@@ -62,10 +74,10 @@ def inputs(batch, heads, seqlen, dk, dv, dtype, layout, device="meta"):
 
 
 def plan(direction, q, k, v, *, device, impl="auto", deterministic=False, allow_tf32=None,
-         force=None):
+         force=None, area=1):
     """(description, fields) of the plan of fwd(q, k, v) or of its backward, with the outputs
     and gradients the ops would allocate (psa_attention's backward writes one qkv gradient
-    buffer where q, k, v are split views of one)."""
+    buffer where q, k, v are split views of one; `area`: as inputs(..., area) made them)."""
     batch, heads, seqlen, dk = q.shape
     dv = v.size(3)
     channel_first = q.stride(2) == 1 and seqlen > 1 and q.stride(3) != 1
@@ -73,14 +85,14 @@ def plan(direction, q, k, v, *, device, impl="auto", deterministic=False, allow_
         allow_tf32 = torch.backends.cuda.matmul.allow_tf32
     dtype = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16",
              torch.float16: "float16"}[q.dtype]
-    out = torch.empty(batch, heads, dv, seqlen, dtype=q.dtype, device="meta").transpose(2, 3) \
-        if channel_first else torch.empty(batch, heads, seqlen, dv, dtype=q.dtype, device="meta")
+    out = _new_output(q.to("meta"), dv, "channel_first" if channel_first else "token_major")
     tensors = [q, k, v, out]
     if direction == "bwd":
         shared = q._base is not None and q._base is k._base and k._base is v._base
         if shared:
             grad = torch.empty(q._base.shape, dtype=q.dtype, device="meta")
-            dq, dk_, dv_ = (x.transpose(2, 3) for x in grad.split([dk, dk, dv], dim=2))
+            dq, dk_, dv_ = (area_views(x, area) if area > 1 else x.transpose(2, 3)
+                            for x in grad.split([dk, dk, dv], dim=2))
         else:
             dq, dk_, dv_ = (torch.empty_like(t, device="meta") for t in (q, k, v))
         tensors += [torch.empty_like(out), dq, dk_, dv_]

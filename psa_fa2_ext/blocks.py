@@ -17,31 +17,26 @@ from .ops import attention, psa_attention
 def aattn_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``AAttn.forward`` (ultralytics 8.4.x) with ``softmax(q^T k) v`` on ``psa_attention``.
 
-    With ``area == 1`` q, k, v are the channel-first split views of the qkv conv output, read
-    in place, and their gradient is one buffer, as in PSA. With ``area > 1`` Ultralytics first
-    copies qkv to ``[B * area, N / area, 3C]`` (which raises, as theirs does, when ``area``
-    does not divide N); the views of that copy are token-major, also read in place.
+    Ultralytics splits heads out of the qkv conv output through a token-major view and, with
+    ``area > 1``, first copies it to ``[B * area, N / area, 3C]``, an area being a run of
+    ``N / area`` consecutive tokens; afterwards it permutes and copies the result and v back to
+    ``[B, C, H, W]``. Here q, k, v are the channel-first split views of the conv output itself,
+    the same numbers, and ``psa_attention(..., area=m.area)`` attends within the same runs, in
+    place; its ``[B, heads, head_dim, N]`` result is ``[B, C, H, W]`` as a view. Where ``area``
+    does not divide N it raises, as Ultralytics' reshape does.
     """
     B, _, H, W = x.shape
     N = H * W
-    qkv = m.qkv(x).flatten(2).transpose(1, 2)
-    if m.area > 1:
-        qkv = qkv.reshape(B * m.area, N // m.area, m.all_head_dim * 3)
-        B, N, _ = qkv.shape
+    # Ultralytics' own views (area 1), which hold in either memory format of the conv output.
     q, k, v = (
-        qkv.view(B, N, m.num_heads, m.head_dim * 3)
+        m.qkv(x).flatten(2).transpose(1, 2)
+        .view(B, N, m.num_heads, m.head_dim * 3)
         .permute(0, 2, 3, 1)
         .split([m.head_dim, m.head_dim, m.head_dim], dim=2)
     )
-    x = psa_attention(q, k, v, m.head_dim ** -0.5)  # [B, heads, head_dim, N], as v @ attn^T
-    x = x.permute(0, 3, 1, 2)
-    v = v.permute(0, 3, 1, 2)
-    if m.area > 1:
-        x = x.reshape(B // m.area, N * m.area, m.all_head_dim)
-        v = v.reshape(B // m.area, N * m.area, m.all_head_dim)
-        B, N, _ = x.shape
-    x = x.reshape(B, H, W, m.all_head_dim).permute(0, 3, 1, 2).contiguous()
-    v = v.reshape(B, H, W, m.all_head_dim).permute(0, 3, 1, 2).contiguous()
+    x = psa_attention(q, k, v, m.head_dim ** -0.5, area=m.area)
+    x = x.view(B, m.all_head_dim, H, W)
+    v = v.reshape(B, m.all_head_dim, H, W)  # the copy Ultralytics makes of v too
     x = x + m.pe(v)
     return m.proj(x)
 

@@ -79,6 +79,15 @@ def _new_in_layout(like: Tensor, d: int, layout: str) -> Tensor:
     return torch.empty(B, H, d, N, dtype=like.dtype, device=like.device).transpose(2, 3)
 
 
+def _new_output(q: Tensor, d: int, layout: str) -> Tensor:
+    """The forward's output for inputs like q (csrc/layout.h: empty_output_like): channel-first
+    area views, whose heads stride less than their head dim, get out in the same order."""
+    B, H, N = q.shape[:3]
+    if layout == "channel_first" and H > 1 and q.shape[3] > 1 and q.stride(1) < q.stride(3):
+        return q.new_empty(B, d, H, N).permute(0, 2, 3, 1)
+    return _new_in_layout(q, d, layout)
+
+
 def _to_layout(t: Tensor, layout: str) -> Tensor:
     if layout == "token_major":
         return t if _token_major(t) else t.contiguous()
@@ -96,7 +105,7 @@ def _fwd_fake(q, k, v, scale, impl="auto"):
     torch._check(impl in _IMPLS, lambda: f"impl must be one of {_IMPLS}, got {impl!r}")
     layout = _common_layout(q, k, v)
     torch._check(layout is not None, lambda: "q, k and v must share one layout")
-    out = _new_in_layout(q, v.shape[3], layout)
+    out = _new_output(q, v.shape[3], layout)
     lse_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     lse = q.new_empty(q.shape[:3], dtype=lse_dtype)
     return out, lse
@@ -156,9 +165,9 @@ def _register_autocast(device_type: str, dispatch_key: str) -> None:
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
             return torch.ops.psa_fa2.fwd(cast(q), cast(k), cast(v), scale, impl)
 
-    def psa_attention_autocast(q, k, v, scale, impl="auto"):
+    def psa_attention_autocast(q, k, v, scale, impl="auto", area=1):
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
-            return torch.ops.psa_fa2.psa_attention(cast(q), cast(k), cast(v), scale, impl)
+            return torch.ops.psa_fa2.psa_attention(cast(q), cast(k), cast(v), scale, impl, area)
 
     def attention_autocast(q, k, v, scale, impl="auto"):
         with torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(key)):
@@ -215,32 +224,49 @@ def attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, *,
 
 
 def psa_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, *,
-                  impl: str = "auto") -> Tensor:
-    """Channel-first attention: exactly the Ultralytics ``Attention`` block's math.
+                  impl: str = "auto", area: int = 1) -> Tensor:
+    """Channel-first attention: exactly the Ultralytics ``Attention`` block's math, and with
+    ``area > 1`` YOLO12's area attention (``AAttn``).
 
-    Computes ``v @ softmax(scale * q^T @ k)^T``.
+    Computes ``v @ softmax(scale * q^T @ k)^T``; with ``area > 1``, within each of ``area``
+    equal runs of N separately (tokens ``[i * N / area, (i + 1) * N / area)``), which is what
+    ``AAttn`` computes after its reshape to ``[B * area, N / area, 3C]``.
 
     Args:
         q, k: ``[B, H, dk, N]``; v: ``[B, H, dv, N]``, e.g. the views of
             ``qkv.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2)``, read in place.
         scale: softmax scale, default ``dk ** -0.5``.
         impl: ``"auto"``, ``"fast"`` or ``"reference"`` (see :func:`fwd`).
+        area: how many equal runs of N attend separately; must divide N.
 
     Returns:
         ``[B, H, dv, N]``, contiguous, so ``.view(B, H * dv, h, w)`` is free. Differentiable;
         when q, k and v are exactly the split views of one tensor, the backward writes that
-        tensor's gradient in one buffer (no per-view gradients, no copies).
+        tensor's gradient in one buffer (no per-view gradients, no copies). With ``area > 1``
+        such views are read in place too.
     """
     for t, name, dims in ((q, "q", "[B, H, dk, N]"), (k, "k", "[B, H, dk, N]"),
                           (v, "v", "[B, H, dv, N]")):
         _check_rank(t, name, dims)
+    if isinstance(area, bool) or not isinstance(area, int) or area < 1:
+        raise ValueError(f"area must be an int >= 1, got {area!r}")
     scale = _default_scale(scale, q.shape[2])
     if not torch.compiler.is_compiling():
         # One call into C++ (psa_attention.cpp): the autograd node, the layout handling and,
         # on the split views of one tensor, the single gradient buffer all live there.
-        return torch.ops.psa_fa2.psa_attention.default(q, k, v, scale, impl)
-    # Traced: the fwd op, whose fake kernel and Python autograd torch.compile can follow.
+        return torch.ops.psa_fa2.psa_attention.default(q, k, v, scale, impl, area)
+    # Traced: the fwd op, whose fake kernel and Python autograd torch.compile can follow, on
+    # the area views psa_attention.cpp makes ([B * H, area, D, N / area]).
+    B, H, _, N = q.shape
+    if area > 1:
+        torch._check(N % area == 0, lambda: f"psa_attention: area = {area} must divide the "
+                                            f"sequence length N = {N}")
+        q, k, v = (t.flatten(0, 1).unflatten(2, (area, N // area)).transpose(1, 2)
+                   for t in (q, k, v))
     qt, kt, vt = q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)
     if _common_layout(qt, kt, vt) is None:
         qt, kt, vt = (t.contiguous().transpose(2, 3) for t in (q, k, v))
-    return torch.ops.psa_fa2.fwd(qt, kt, vt, scale, impl)[0].transpose(2, 3).contiguous()
+    out = torch.ops.psa_fa2.fwd(qt, kt, vt, scale, impl)[0].transpose(2, 3)
+    if area > 1:
+        out = out.transpose(1, 2).reshape(B, H, out.shape[2], N)
+    return out.contiguous()

@@ -247,3 +247,22 @@ def test_kernels_too_big_for_99_kb_fall_back_to_blockwise():
     forced = _plan.plan("bwd", q, k, v, device=_plan.DEVICES["h100"],
                         force={"smem_per_block": 99 * 1024})[0]
     assert forced.startswith("blockwise backward")
+
+
+@pytest.mark.parametrize("device", ["h100", "a100", "rtx4090"])
+@pytest.mark.parametrize("seqlen", [1600, 1200, 28])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_area_views_plan_the_fast_kernels(device, seqlen, dtype):
+    """psa_attention(..., area=4) hands the operators area views of the block's qkv (runs of
+    400, 300 and 7 tokens: YOLO12's P4 at 640 x 640 and 640 x 480, and an odd run); they and
+    the output laid out for them plan the kernel family area 1 plans, both directions: a fast
+    one in bf16 / fp16 (fp32 has no (32, 32) backward kernel)."""
+    for direction in ("fwd", "bwd"):
+        q, k, v = _plan.inputs(16, 2, seqlen, 32, 32, dtype, "psa", area=4)
+        description, fields = _plan.plan(direction, q, k, v, device=_plan.DEVICES[device], area=4)
+        whole = _plan.plan(direction, *_plan.inputs(16, 2, seqlen, 32, 32, dtype, "psa"),
+                           device=_plan.DEVICES[device])[1]
+        assert fields["kernel"] == whole["kernel"], description
+        assert fields["no_fast_kernel"] == whole["no_fast_kernel"], description
+        if dtype != torch.float32:
+            assert not fields["no_fast_kernel"] and fields["instance"] >= 0, description

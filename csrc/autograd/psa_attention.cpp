@@ -10,6 +10,12 @@
 // When q, k and v are exactly the split views of one contiguous tensor (the block's
 // `qkv.view(B, H, 2*dk + dv, N).split(...)`), the node is attached to that tensor and the
 // backward writes its gradient in one buffer: no per-view gradients for autograd to cat.
+//
+// psa_attention's `area` (YOLO12's area attention) restricts attention to `area` equal runs
+// of N. The operators see area views: a [B, H, D, N] block view as [B * H, area, D, N / area],
+// one "head" per run, read in place wherever (b, h) merge into one index (the block's views
+// do), and the forward lays out its output so that the block's [B, H, dv, N] is a view of it
+// (layout.h: empty_output_like).
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
@@ -59,13 +65,42 @@ void call_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
 // [B, H, D, N] (the block's view) as the operators' logical [B, H, N, D].
 at::Tensor tokens_by_dims(const at::Tensor& t) { return t.transpose(2, 3); }
 
+// A block view [B, H, D, N] as its area views [B * H, area, D, N / area] (itself for area 1):
+// views where (b, h) merge, a copy otherwise.
+at::Tensor area_views(const at::Tensor& t, int64_t area) {
+  if (area == 1) return t;
+  return t.flatten(0, 1).unflatten(2, {area, t.size(3) / area}).transpose(1, 2);
+}
+
+// The inverse for a result of area views: [B * H, area, dv, N / area] -> [B, H, dv, N], a view
+// of the forward's output (empty_output_like), copied only where it has other strides.
+at::Tensor from_area_views(const at::Tensor& t, int64_t B, int64_t H, int64_t area) {
+  if (area == 1) return t;
+  return t.transpose(1, 2).reshape({B, H, t.size(2), t.size(3) * area});
+}
+
+void check_area(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t area) {
+  TORCH_CHECK(area >= 1, "psa_attention: area must be >= 1, got ", str(area));
+  if (area == 1) return;
+  TORCH_CHECK(k.sizes() == q.sizes() && v.size(0) == q.size(0) && v.size(1) == q.size(1) &&
+                  v.size(3) == q.size(3),
+              "psa_attention with area > 1: q, k [B, H, dk, N] and v [B, H, dv, N] must share "
+              "B, H and N, got q ", describe(q), ", k ", describe(k), ", v ", describe(v));
+  TORCH_CHECK(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(),
+              "psa_attention: q, k and v must share one dtype, got ", q.scalar_type(), ", ",
+              k.scalar_type(), " and ", v.scalar_type());
+  TORCH_CHECK(q.size(3) % area == 0, "psa_attention: area = ", str(area),
+              " must divide the sequence length N = ", str(q.size(3)),
+              " (the last dim of q, k and v) into equal runs");
+}
+
 // The attention result as the block wants it: [B, H, dv, N], contiguous, so that
 // `.view(B, H * dv, h, w)` is free. A channel-first `out` is that already; a token-major
 // one (channels_last inputs) is copied once. Detached from out's view chain, so autograd
 // treats it as the op's own output; it still shares out's version counter, so modifying
 // it in place before the backward (which reads out) is reported, as for SDPA.
-at::Tensor block_output(const at::Tensor& out) {
-  return tokens_by_dims(out).contiguous().detach();
+at::Tensor block_output(const at::Tensor& out, int64_t B, int64_t H, int64_t area) {
+  return from_area_views(tokens_by_dims(out), B, H, area).contiguous().detach();
 }
 
 // q, k, v ([B, H, N, D]) in one layout: as they are when they share one, else copied to
@@ -117,7 +152,7 @@ struct SeparateQKV : public torch::autograd::Function<SeparateQKV<kOperands>> {
     ctx->save_for_backward({qt, kt, vt, out, lse});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["impl"] = impl;
-    return kOperands == Operands::kBlockViews ? block_output(out) : out;
+    return kOperands == Operands::kBlockViews ? block_output(out, q.size(0), q.size(1), 1) : out;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -138,16 +173,21 @@ struct SeparateQKV : public torch::autograd::Function<SeparateQKV<kOperands>> {
 
 struct SplitDims {
   int64_t B, H, dk, dv, N;
+  int64_t area = 1;
   int64_t channels() const { return 2 * dk + dv; }
 };
 
-// [B, H, N, D] views of q, k and v inside `base` ([B, H*(2dk+dv), ...] contiguous): one
-// as_strided each (view + narrow + transpose would be three ops, on the step's host path).
+// [B, H, N, D] views of q, k and v inside `base` ([B, H*(2dk+dv), ...] contiguous), as the
+// operators' area views ([B * H, area, N / area, D]) for area > 1: one as_strided each (view +
+// narrow + transpose would be three ops, on the step's host path).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> split_views(const at::Tensor& base,
                                                            const SplitDims& d) {
-  const int64_t C = d.channels(), offset = base.storage_offset();
+  const int64_t C = d.channels(), offset = base.storage_offset(), run = d.N / d.area;
   auto part = [&](int64_t channel0, int64_t channels) {
-    return base.as_strided({d.B, d.H, d.N, channels}, {d.H * C * d.N, C * d.N, 1, d.N},
+    if (d.area == 1)
+      return base.as_strided({d.B, d.H, d.N, channels}, {d.H * C * d.N, C * d.N, 1, d.N},
+                             offset + channel0 * d.N);
+    return base.as_strided({d.B * d.H, d.area, run, channels}, {C * d.N, run, 1, d.N},
                            offset + channel0 * d.N);
   };
   return {part(0, d.dk), part(d.dk, d.dk), part(2 * d.dk, d.dv)};
@@ -171,11 +211,12 @@ struct SplitQKV : public torch::autograd::Function<SplitQKV> {
       at::Tensor out;
       std::tie(out, lse) = call_fwd(q, k, v, scale, impl);
       // The views are channel-first (or token-major only where that is the same memory: N or
-      // both head dims 1), and so is out: its transpose is contiguous.
-      result = tokens_by_dims(out);
+      // both head dims 1), and so is out: its transpose is contiguous, and so is the block's
+      // view of area views' out.
+      result = from_area_views(tokens_by_dims(out), d.B, d.H, d.area);
     }
     ctx->save_for_backward({base, lse, result});
-    ctx->saved_data["dims"] = std::vector<int64_t>{d.B, d.H, d.dk, d.dv, d.N};
+    ctx->saved_data["dims"] = std::vector<int64_t>{d.B, d.H, d.dk, d.dv, d.N, d.area};
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["impl"] = impl;
     return result;
@@ -187,15 +228,17 @@ struct SplitQKV : public torch::autograd::Function<SplitQKV> {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &base = saved[0], &lse = saved[1], &result = saved[2];
     const auto dims = ctx->saved_data["dims"].toIntVector();
-    const SplitDims d{dims[0], dims[1], dims[2], dims[3], dims[4]};
+    const SplitDims d{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]};
     at::Tensor d_base = at::empty(base.sizes(), base.options());
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       auto [q, k, v] = split_views(base, d);
       auto [dq, dk, dv] = split_views(d_base, d);
-      const at::Tensor dout = in_layout(tokens_by_dims(grads[0]), Layout::kChannelFirst);
-      call_bwd(dout, q, k, v, tokens_by_dims(result), lse, ctx->saved_data["scale"].toDouble(),
-               dq, dk, dv, ctx->saved_data["impl"].toStringRef());
+      const at::Tensor dout =
+          in_layout(tokens_by_dims(area_views(grads[0], d.area)), Layout::kChannelFirst);
+      call_bwd(dout, q, k, v, tokens_by_dims(area_views(result, d.area)), lse,
+               ctx->saved_data["scale"].toDouble(), dq, dk, dv,
+               ctx->saved_data["impl"].toStringRef());
     }
     return {d_base, at::Tensor(), at::Tensor(), at::Tensor()};
   }
@@ -226,24 +269,40 @@ std::optional<SplitDims> split_of(const at::Tensor& q, const at::Tensor& k, cons
   return d;
 }
 
-at::Tensor psa_attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                  double scale, c10::string_view impl) {
-  check_block_inputs(q, k, v);
-  const std::string impl_name(impl);
-  if (at::GradMode::is_enabled()) {
-    if (const auto split = split_of(q, k, v); split && q._base().requires_grad())
-      return SplitQKV::apply(at::Tensor(q._base()), *split, scale, impl_name);
-  }
-  return SeparateQKV<Operands::kBlockViews>::apply(q, k, v, scale, impl_name);
-}
-
 // Below autograd (inference mode, or a caller that already handles gradients).
 at::Tensor psa_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                                 double scale, c10::string_view impl) {
+                                 double scale, c10::string_view impl, int64_t area) {
   check_block_inputs(q, k, v);
-  auto [qt, kt, vt] = operator_inputs(tokens_by_dims(q), tokens_by_dims(k), tokens_by_dims(v),
-                                      Layout::kChannelFirst);
-  return block_output(std::get<0>(call_fwd(qt, kt, vt, scale, std::string(impl))));
+  check_area(q, k, v, area);
+  auto [qt, kt, vt] = operator_inputs(tokens_by_dims(area_views(q, area)),
+                                      tokens_by_dims(area_views(k, area)),
+                                      tokens_by_dims(area_views(v, area)), Layout::kChannelFirst);
+  return block_output(std::get<0>(call_fwd(qt, kt, vt, scale, std::string(impl))), q.size(0),
+                      q.size(1), area);
+}
+
+at::Tensor psa_attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  double scale, c10::string_view impl, int64_t area) {
+  check_block_inputs(q, k, v);
+  check_area(q, k, v, area);
+  const std::string impl_name(impl);
+  if (at::GradMode::is_enabled()) {
+    if (auto split = split_of(q, k, v); split && q._base().requires_grad()) {
+      split->area = area;
+      return SplitQKV::apply(at::Tensor(q._base()), *split, scale, impl_name);
+    }
+    if (area > 1 && (q.requires_grad() || k.requires_grad() || v.requires_grad())) {
+      // Not the split views of one tensor: one copy makes them so, and autograd takes each
+      // input's gradient out of the copy's.
+      const SplitDims d{q.size(0), q.size(1), q.size(2), v.size(2), q.size(3), area};
+      return SplitQKV::apply(at::cat({q, k, v}, 2), d, scale, impl_name);
+    }
+  }
+  if (area > 1) {
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    return psa_attention_forward(q, k, v, scale, impl, area);
+  }
+  return SeparateQKV<Operands::kBlockViews>::apply(q, k, v, scale, impl_name);
 }
 
 void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {

@@ -29,7 +29,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cpu(const at::Tensor& q, const at::Tensor
                                            c10::string_view impl) {
   const AttnShape s = check_fwd_inputs(q, k, v);
   const bool fused = use_fused(parse_impl(impl), q.scalar_type());
-  at::Tensor out = empty_in_layout(s, s.head_dim_v, s.layout, q.options());
+  at::Tensor out = empty_output_like(q, s, s.layout, q.options());
   at::Tensor lse = at::empty({s.batch, s.heads, s.seqlen},
                              q.options().dtype(accumulate_dtype(q.scalar_type())));
   if (out.numel() == 0) return {out, lse};

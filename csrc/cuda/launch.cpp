@@ -178,7 +178,7 @@ std::tuple<at::Tensor, at::Tensor> fwd_cuda(const at::Tensor& q, const at::Tenso
   const Impl impl = parse_impl(impl_name);
   const c10::cuda::CUDAGuard guard(q.device());
   const std::string unsupported_note = unsupported_device_note(q);
-  at::Tensor out = empty_in_layout(s, s.head_dim_v, s.layout, q.options());
+  at::Tensor out = empty_output_like(q, s, s.layout, q.options());
   at::Tensor lse = at::empty({s.batch, s.heads, s.seqlen},
                              q.options().dtype(accumulate_dtype(q.scalar_type())));
   if (out.numel() == 0) return {out, lse};
