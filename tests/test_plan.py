@@ -229,6 +229,27 @@ def test_every_plan_fits_the_device(device_name):
         assert len(picked - {-1}) > 10  # the sweep reached the kernels, not only fallbacks
 
 
+def test_every_kernel_caps_its_registers_and_static_shared_memory():
+    """What lets test_every_plan_fits_the_device look at dynamic shared memory alone: every
+    kernel declares __launch_bounds__, with which ptxas keeps registers x threads within the
+    64K-register file of every GPU from sm_80 on (spilling rather than failing to launch), and
+    static shared memory is only in the mma.sync backward's two helper kernels (D = rowsum and
+    the dQ conversion: 32 KB at most, at (128, 128)), below the 48 KB any CTA has."""
+    import pathlib
+    import re
+    kernels = pathlib.Path(__file__).resolve().parents[1] / "csrc" / "cuda"
+    declared = []
+    for path in sorted(kernels.rglob("*.cu*")):
+        text = path.read_text()
+        for match in re.finditer(r"__global__\s+void\s+(\w+)", text):
+            declared.append((path.name, match.group(1)))
+        statics = re.findall(r"(?<!extern )__shared__ [^;]*;", text)
+        assert not statics or path.name == "bwd_sm80.cuh" and len(statics) == 2, (path.name, statics)
+    # Only the empty probe kernel (device_support.cu) goes without launch bounds.
+    assert [name for _, name in declared if name != "__launch_bounds__"] == ["probe_kernel"]
+    assert len(declared) >= 15
+
+
 def test_kernels_too_big_for_99_kb_fall_back_to_blockwise():
     """On 99 KB GPUs (RTX 30 / 40 / 50) the exact fp32 forward at (32, 64) (107.5 KB) and the
     mma.sync backward at (128, 128) (132 KB) do not fit: those calls run blockwise; on an A100
