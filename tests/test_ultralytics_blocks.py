@@ -78,6 +78,19 @@ def test_aattn_matches_ultralytics_float64(dim, heads, area, hw, train):
     compare(theirs, ours, x)
 
 
+@pytest.mark.parametrize("area", [1, 4])
+def test_aattn_channels_last_matches_ultralytics_float64(area):
+    """A channels_last model (Ultralytics' trainer on CUDA) hands the block a channels_last
+    qkv: its views are token-major, and the patched block still matches."""
+    gen = torch.Generator().manual_seed(area)
+    theirs = AAttn(64, 2, area).double().to(memory_format=torch.channels_last)
+    randomize_bn(theirs, gen)
+    ours = copy.deepcopy(theirs)
+    patch_ultralytics(ours)
+    x = torch.randn(2, 64, 8, 12, generator=gen, dtype=torch.float64)
+    compare(theirs, ours, x.contiguous(memory_format=torch.channels_last))
+
+
 def test_aattn_attention_carries_weight():
     """The comparison above can fail: zeroing the attention moves the block's output a lot."""
     gen = torch.Generator().manual_seed(0)
