@@ -1,9 +1,12 @@
 #!/usr/bin/env python
-"""Benchmark psa_fa2_ext against every attention a PSA / C2PSA user could pick.
+"""Benchmark psa_fa2_ext against every attention a PSA / C2PSA, YOLO12 AAttn or RT-DETR AIFI
+user could pick.
 
     python bench/bench_attention.py                 # CPU: YOLO shapes in ~3 min; GPU: full matrix
     python bench/bench_attention.py --quick         # GPU: bf16, four shapes, ~2 min
     python bench/bench_attention.py --shapes 8x4x6400 --dtypes bf16 --peers ours sdpa_cudnn
+    python bench/bench_attention.py --blocks aattn aifi   # YOLO12 area attention, RT-DETR AIFI
+    python bench/bench_attention.py --blocks aattn --shapes 16x2x1600x4   # B x heads x N x area
 
 Writes <out>.json and <out>.md (default under bench/results/local/, which git ignores) and
 prints the markdown, its summary table last. Results are rewritten after every case, so a
@@ -38,9 +41,10 @@ sys.path.insert(0, HERE)
 # After site-packages: an installed build wins, an in-place build in the checkout still works.
 sys.path.append(os.path.dirname(HERE))
 
+import layouts  # noqa: E402
 import peers  # noqa: E402
 from measure import (LONG_CALL_S, add_errors, eager_step_row, empty_row, free,  # noqa: E402
-                     is_oom, row_seconds, run_peer, short_error, split_views)
+                     is_oom, row_seconds, run_peer, short_error)
 import plan  # noqa: E402
 import report  # noqa: E402
 import rss  # noqa: E402
@@ -53,6 +57,28 @@ QUICK_SHAPES = [(16, 4, 400), (64, 4, 400), (16, 4, 1600), (8, 4, 6400)]
 # YOLO11's attention at its P5 map (stride 32): 640 px with one image and with a batch of
 # 16, 1280, 2560 and 5120 px; 2 heads is yolo11n, 4 yolo11s / m / l.
 CPU_SHAPES = [(1, 2, 400), (16, 4, 400), (1, 4, 1600), (1, 4, 6400), (1, 2, 25600)]
+# YOLO12's AAttn as (B, heads, N, area), head dim 32: its A2C2f blocks at P4 (stride 16,
+# area 4) and P5 (stride 32, area 1); 2 heads at P4 and 4 at P5 is yolo12n, 12 at both
+# yolo12x. GPU: 640 px batch 16 (the attention calls (64, 2, 400), (64, 12, 400), (16, 12,
+# 400)), 1280 px batch 16 and 1 (N / area = 1600), 2560 px batch 1 (6400).
+AATTN_GPU_SHAPES = [(16, 2, 1600, 4), (16, 12, 1600, 4), (16, 12, 400, 1), (16, 2, 6400, 4),
+                    (16, 12, 6400, 4), (1, 2, 6400, 4), (1, 12, 6400, 4), (1, 2, 25600, 4),
+                    (1, 12, 25600, 4)]
+AATTN_QUICK_SHAPES = [(16, 2, 1600, 4), (16, 12, 1600, 4), (16, 12, 400, 1), (16, 2, 6400, 4)]
+# CPU: one image, as a CPU user runs; yolo12n at 640 px (P4 and P5), yolo12x's P4 at 640,
+# yolo12n's P4 at 640 with a batch of 16, at 1280 and at 2560 px.
+AATTN_CPU_SHAPES = [(1, 2, 1600, 4), (1, 4, 400, 1), (1, 12, 1600, 4), (16, 2, 1600, 4),
+                    (1, 2, 6400, 4), (1, 2, 25600, 4)]
+# RT-DETR-l's AIFI at 640 px: 8 heads of 32 on the 20 x 20 P5 map; a batch of 16 (GPU), and
+# one image too on a CPU.
+AIFI_GPU_SHAPES = [(16, 8, 400)]
+AIFI_CPU_SHAPES = [(1, 8, 400), (16, 8, 400)]
+# block -> (GPU shapes, --quick GPU shapes, CPU shapes, head dims (dk, dv))
+BLOCK_DEFAULTS = {
+    "psa": (GPU_SHAPES, QUICK_SHAPES, CPU_SHAPES, (32, 64)),
+    "aattn": (AATTN_GPU_SHAPES, AATTN_QUICK_SHAPES, AATTN_CPU_SHAPES, (32, 32)),
+    "aifi": (AIFI_GPU_SHAPES, AIFI_GPU_SHAPES, AIFI_CPU_SHAPES, (32, 32)),
+}
 # Seconds the CPU default may spend on rows and references, so that the whole script,
 # import and report included, ends within three minutes.
 CPU_BUDGET_S = 170
@@ -69,11 +95,14 @@ DTYPES = {"bf16": (torch.bfloat16, "highest"), "fp16": (torch.float16, "highest"
 MODES = ("fwd", "fwd+bwd")
 
 
-def parse_triple(s):
+def parse_shape(s):
     parts = s.replace("x", ",").split(",")
-    if len(parts) != 3:
-        raise argparse.ArgumentTypeError(f"shape must be BxHxN, got {s!r}")
-    return tuple(int(p) for p in parts)
+    if len(parts) not in (3, 4):
+        raise argparse.ArgumentTypeError(f"shape must be BxHxN or BxHxNxAREA, got {s!r}")
+    shape = tuple(int(p) for p in parts)
+    if len(shape) == 4 and (shape[3] < 1 or shape[2] % shape[3]):
+        raise argparse.ArgumentTypeError(f"area must be >= 1 and divide N, got {s!r}")
+    return shape
 
 
 def parse_pair(s):
@@ -86,10 +115,15 @@ def parse_pair(s):
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cuda", "cpu"], help="default: cuda when available")
-    p.add_argument("--shapes", nargs="+", type=parse_triple, metavar="BxHxN")
+    p.add_argument("--blocks", nargs="+", choices=layouts.BLOCKS, default=["psa"],
+                   help="psa: the Attention of YOLOv10 / 11 / 26 (default); aattn: YOLO12's area "
+                        "attention; aifi: RT-DETR's AIFI (layouts.py)")
+    p.add_argument("--shapes", nargs="+", type=parse_shape, metavar="BxHxN[xAREA]",
+                   help="for every block given; AREA (aattn only) defaults to 1")
     p.add_argument("--dtypes", nargs="+", choices=list(DTYPES))
     p.add_argument("--peers", nargs="+", choices=list(peers.PEERS))
-    p.add_argument("--head-dims", nargs="+", type=parse_pair, default=[(32, 64)], metavar="DKxDV")
+    p.add_argument("--head-dims", nargs="+", type=parse_pair, metavar="DKxDV",
+                   help="default: 32x64 for psa, 32x32 for aattn and aifi (which need dk == dv)")
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     p.add_argument("--step", action=argparse.BooleanOptionalAction,
                    help="the eager training-step table; default: on with CUDA, off on a CPU, "
@@ -114,6 +148,12 @@ def parse_args(argv):
         p.error(f"--budget-s must be positive, got {args.budget_s:g}")
     if args.row_cap_s is not None and not args.row_cap_s > 0:
         p.error(f"--row-cap-s must be positive, got {args.row_cap_s:g}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False)")
+    if args.shapes and "aattn" not in args.blocks and any(len(s) == 4 for s in args.shapes):
+        p.error("an area (BxHxNxAREA) is for --blocks aattn only")
+    if args.head_dims and set(args.blocks) - {"psa"} and any(dk != dv for dk, dv in args.head_dims):
+        p.error("aattn and aifi have one head dim: --head-dims must be DxD")
     return args
 
 
@@ -141,77 +181,69 @@ class Progress:
             self.bar.close()
 
 
-def grid(N):
-    # A feature map h x w with h*w == N, as close to square as N allows.
-    h = int(math.isqrt(N))
-    while N % h:
-        h -= 1
-    return h, N // h
-
-
 def flops(B, H, N, dk, dv, mode):
     fwd = 2.0 * B * H * N * N * (dk + dv)
     return fwd if mode == "fwd" else 3.5 * fwd
 
 
-def make_inputs(case, B, H, N, seed):
-    """qkv [B, H*(2dk+dv), h, w] and dout [B, H, dv, N]."""
-    # A CPU generator: the same numbers on every device, and no use of the CUDA generator,
-    # whose state a peer's failed graph capture could have broken. Rounded to bf16 for the
-    # 16-bit rows and for every CPU row, so that a shape's runs hold the same numbers and share
-    # one float64 reference (on a CPU a second one costs ~17 s at 25 600 tokens). fp32 rows on
-    # a GPU keep full fp32 values: TF32 rounding of bf16-exact operands would be exact and
-    # hide its error.
-    gen = torch.Generator().manual_seed(seed)
-    h, w = grid(N)
-    qkv = torch.randn(B, H * (2 * case.dk + case.dv), h, w, generator=gen)
-    dout = torch.randn(B, H, case.dv, N, generator=gen)
-    if case.dtype in (torch.bfloat16, torch.float16) or case.device.type == "cpu":
-        qkv, dout = qkv.bfloat16(), dout.bfloat16()
-    return qkv.to(case.device, case.dtype), dout.to(case.device, case.dtype)
+def block_shape(block, shape):
+    """(B, H, N, area) of a --shapes entry: area 1 unless the block is aattn and it says."""
+    B, H, N = shape[:3]
+    return B, H, N, shape[3] if block == "aattn" and len(shape) == 4 else 1
+
+
+def block_views(case, src, mode, H):
+    """(q, k, v) a row starts from: of a leaf copy of src for fwd+bwd."""
+    src = src if mode == "fwd" else layouts.leaf(src)
+    return layouts.views(case.block, src, H, case.dk, case.dv)
 
 
 def failed_row(e):
     return empty_row(status="OOM" if is_oom(e) else "n/a", note=short_error(e))
 
 
-def plan_key(name, mode, dtype_name, dims):
-    return (name, mode, dtype_name) + tuple(dims)
+def plan_key(name, mode, dtype_name, dims, block):
+    return (name, mode, dtype_name) + tuple(dims) + (block,)
+
+
+def work(B, H, N, area=1):
+    # B*H*N^2 of the attention calls: an area is a call of its own.
+    return plan.work(*layouts.attn_dims(B, H, N, area))
 
 
 def probe(name, mode, dtype_name, case, cfg):
     """Runs one peer at PROBE_SHAPE, so that the planner can scale a larger row from it."""
     B, H, N = PROBE_SHAPE
-    qkv, dout = make_inputs(case, B, H, N, cfg.seed)
-    if mode != "fwd":
-        qkv = qkv.detach().requires_grad_(True)
+    src, dout = layouts.make_inputs(case, B, H, N, cfg.seed)
     try:
-        row, _ = run_peer(name, case, mode, *split_views(qkv, H, case.dk, case.dv), dout, cfg)
+        row, _ = run_peer(name, case, mode, *block_views(case, src, mode, H), dout, cfg)
     except Exception:  # noqa: BLE001 - no probe, no prediction: the row itself will say why
         row = None
     finally:
-        del qkv, dout
+        del src, dout
         free(case.device)
     if row and row["status"] == "ok":
-        record(cfg, plan_key(name, mode, dtype_name, (case.dk, case.dv)), PROBE_SHAPE, row,
-               f"probe {B}x{H}x{N}")
+        record(cfg, plan_key(name, mode, dtype_name, (case.dk, case.dv), case.block),
+               work(B, H, N, case.area), row, f"probe {B}x{H}x{N}")
 
 
-def record(cfg, key, shape, row, label):
+def record(cfg, key, w, row, label):
     peak = None if row["peak_mb"] is None else row["peak_mb"] * 2**20
-    cfg.planner.record(key, plan.work(*shape), row["kernel_us"] * 1e-6, peak, label)
+    cfg.planner.record(key, w, row["kernel_us"] * 1e-6, peak, label)
 
 
-def case_reference(label, case, B, H, N, qkv, dout, cfg):
-    """The float64 reference of this case, or (None, why not)."""
+def case_reference(label, case, B, H, N, src, dout, cfg):
+    """The float64 reference of this case in its peers' layout, or (None, why not)."""
     grads = "fwd+bwd" in cfg.modes
-    q, k, v = split_views(qkv.detach(), H, case.dk, case.dv)
-    d = dout if grads else None
+    q, k, v, d = layouts.to_reference(case.block, case.area,
+                                      *layouts.views(case.block, layouts.detached(src), H,
+                                                     case.dk, case.dv), dout)
+    d = d if grads else None
     ref = cfg.references.get(q, k, v, case.scale, d)
     if ref is not None:
         cfg.reference_s[label] = "reused"
-        return ref, ""
-    key, w = ("reference", grads, case.dk, case.dv), plan.work(B, H, N)
+        return layouts.from_reference(case.block, case.area, ref), ""
+    key, w = ("reference", grads, case.dk, case.dv), work(B, H, N, case.area)
     pred = cfg.planner.predict(key, w)
     left = cfg.planner.left()
     if pred is not None and left is not None and pred.seconds > left:
@@ -225,14 +257,15 @@ def case_reference(label, case, B, H, N, qkv, dout, cfg):
     cfg.planner.record(key, w, cost, None, f"{B}x{H}x{N}")
     cfg.references.put(q, k, v, case.scale, d, ref)
     cfg.reference_s[label] = round(cost, 2)
-    return ref, ""
+    return layouts.from_reference(case.block, case.area, ref), ""
 
 
 def run_row(name, mode, dtype_name, shape, case, views, dout, cfg):
     """(row, outputs): a measured row, or one that says why it was skipped."""
     B, H, N = shape
     t0 = time.perf_counter()
-    key, w = plan_key(name, mode, dtype_name, (case.dk, case.dv)), plan.work(B, H, N)
+    key = plan_key(name, mode, dtype_name, (case.dk, case.dv), case.block)
+    w = work(B, H, N, case.area)
     if cfg.probes and not cfg.planner.known(key) and w > plan.work(*PROBE_SHAPE):
         probe(name, mode, dtype_name, case, cfg)
     pred = cfg.planner.predict(key, w)
@@ -247,7 +280,7 @@ def run_row(name, mode, dtype_name, shape, case, views, dout, cfg):
             res, outs = failed_row(e), None
             free(case.device)
         if res["status"] == "ok":
-            record(cfg, key, shape, res, f"{B}x{H}x{N}")
+            record(cfg, key, w, res, f"{B}x{H}x{N}")
     res["predicted_s"] = pred and pred.seconds
     res["predicted_row_s"] = pred and row_seconds(pred.seconds, cfg)
     res["predicted_peak_mb"] = pred and pred.peak_bytes and pred.peak_bytes / 2**20
@@ -255,15 +288,19 @@ def run_row(name, mode, dtype_name, shape, case, views, dout, cfg):
     return res, outs
 
 
-def run_case(dtype_name, shape, dims, cfg, rows, steps, progress):
-    B, H, N = shape
+def run_case(block, dtype_name, shape, dims, cfg, rows, steps, progress):
+    B, H, N, area = block_shape(block, shape)
     dk, dv = dims
     dtype, _ = DTYPES[dtype_name]
     device = cfg.device
-    case = peers.Case(dk=dk, dv=dv, scale=dk ** -0.5, dtype=dtype, device=device)
-    base = dict(B=B, H=H, N=N, dk=dk, dv=dv, dtype=dtype_name)
+    case = peers.Case(dk=dk, dv=dv, scale=dk ** -0.5, dtype=dtype, device=device, block=block,
+                      area=area)
+    base = dict(block=block, B=B, H=H, N=N, area=area, dk=dk, dv=dv, dtype=dtype_name)
+    label = report.shape_label(base)
+    # The eager training-step table is the PSA block's (measure.eager_step_row).
+    step = cfg.step and block == "psa"
     try:
-        qkv, dout = make_inputs(case, B, H, N, cfg.seed)
+        src, dout = layouts.make_inputs(case, B, H, N, cfg.seed)
         failed = None
     except Exception as e:  # noqa: BLE001 - e.g. OOM at a huge N: mark the case, go on
         failed = failed_row(e)
@@ -273,33 +310,30 @@ def run_case(dtype_name, shape, dims, cfg, rows, steps, progress):
         for mode in cfg.modes:
             for name in cfg.peers:
                 rows.append(dict(base, mode=mode, peer=name, **failed))
-                progress.step(f"{dtype_name} {B}x{H}x{N} {mode} {name}", failed["status"])
-        if cfg.step:
-            progress.step(f"{dtype_name} {B}x{H}x{N} eager step", failed["status"])
+                progress.step(f"{dtype_name} {label} {mode} {name}", failed["status"])
+        if step:
+            progress.step(f"{dtype_name} {label} eager step", failed["status"])
         return
-    views = {}
-    for mode in cfg.modes:
-        src = qkv if mode == "fwd" else qkv.detach().requires_grad_(True)
-        views[mode] = split_views(src, H, dk, dv)
+    views = {mode: block_views(case, src, mode, H) for mode in cfg.modes}
     # Peer by peer, both modes each: ours first, so that a budget that runs out in a large
     # case cuts peers, not our own rows.
     done, outputs = {}, {}
     for name in cfg.peers:
         for mode in cfg.modes:
-            res, outs = run_row(name, mode, dtype_name, shape, case, views[mode], dout, cfg)
+            res, outs = run_row(name, mode, dtype_name, (B, H, N), case, views[mode], dout, cfg)
             r = dict(base, mode=mode, peer=name, **res)
             if r["kernel_us"]:
-                r["tflops"] = flops(B, H, N, dk, dv, mode) / (r["kernel_us"] * 1e-6) / 1e12
+                r["tflops"] = (flops(*layouts.attn_dims(B, H, N, area), dk, dv, mode)
+                               / (r["kernel_us"] * 1e-6) / 1e12)
             done[(mode, name)] = r
             if outs is not None:
                 outputs[(mode, name)] = outs
-            progress.step(f"{dtype_name} {B}x{H}x{N} {mode} {name}",
+            progress.step(f"{dtype_name} {label} {mode} {name}",
                           f"{r['kernel_us']:.1f} us" if r["kernel_us"] else f"{r['status']} {r['note']}")
     del views
     # The reference last: a budget spent on rows leaves the error columns empty, not the times.
     if outputs:
-        ref, why = case_reference(f"{dtype_name} {B}x{H}x{N} {dk}x{dv}", case, B, H, N, qkv,
-                                  dout, cfg)
+        ref, why = case_reference(report.reference_label(base), case, B, H, N, src, dout, cfg)
         for key, outs in outputs.items():
             if ref is not None:
                 add_errors(done[key], outs, ref)
@@ -314,23 +348,24 @@ def run_case(dtype_name, shape, dims, cfg, rows, steps, progress):
             if ours and r["kernel_us"]:
                 r["vs_ours"] = r["kernel_us"] / ours["kernel_us"]
         rows += mode_rows
-    if cfg.step:
-        steps.append(dict(base, **eager_step_row(case, qkv, H, dout, cfg)))
-        progress.step(f"{dtype_name} {B}x{H}x{N} eager step")
-    del qkv, dout
+    if step:
+        steps.append(dict(base, **eager_step_row(case, src, H, dout, cfg)))
+        progress.step(f"{dtype_name} {label} eager step")
+    del src, dout
     free(device)
 
 
 def configure(args):
     cuda = torch.cuda.is_available() if args.device is None else args.device == "cuda"
     device = torch.device("cuda" if cuda else "cpu")
+    column = 2 if not cuda else 1 if args.quick else 0
+    shapes = {b: args.shapes or BLOCK_DEFAULTS[b][column] for b in args.blocks}
+    dims = {b: args.head_dims or [BLOCK_DEFAULTS[b][3]] for b in args.blocks}
     if cuda:
-        shapes = args.shapes or (QUICK_SHAPES if args.quick else GPU_SHAPES)
         dtypes = args.dtypes or (["bf16"] if args.quick else list(DTYPES))
         peer_names = args.peers or peers.GPU_DEFAULT
         repeats, target_ms = (3, 5.0) if args.quick else (7, 20.0)
     else:
-        shapes = args.shapes or CPU_SHAPES
         dtypes = args.dtypes or ["fp32", "bf16"]
         peer_names = args.peers or peers.CPU_DEFAULT
         # Five loops, not three: drift on a shared 2-core machine can slow two loops in a row.
@@ -339,7 +374,8 @@ def configure(args):
     if budget_s is None:
         budget_s = (150 if args.quick else None) if cuda else CPU_BUDGET_S
     cfg = argparse.Namespace(
-        device=device, shapes=shapes, dtypes=dtypes, peers=peer_names, dims=args.head_dims,
+        device=device, blocks=args.blocks, shapes=shapes, dtypes=dtypes, peers=peer_names,
+        dims=dims,
         modes=args.modes, step=cuda if args.step is None else args.step, seed=args.seed,
         warmup=3 if cuda else 2, repeats=args.repeats or repeats,
         target_s=(args.target_ms or target_ms) / 1e3,
@@ -389,7 +425,8 @@ def config_doc(cfg):
     memory = (rss.method() if not rss.unavailable() else f"peak RSS not measured: {rss.unavailable()}"
               ) if cfg.device.type == "cpu" else ("max_memory_allocated during one call minus what "
                                                   "was allocated before it (inputs)")
-    return dict(device=str(cfg.device), shapes=cfg.shapes, dtypes=cfg.dtypes, peers=cfg.peers,
+    return dict(device=str(cfg.device), blocks=cfg.blocks, shapes=cfg.shapes, dtypes=cfg.dtypes,
+                peers=cfg.peers,
                 head_dims=cfg.dims, modes=cfg.modes, repeats=cfg.repeats, warmup=cfg.warmup,
                 target_ms=cfg.target_s * 1e3, seed=cfg.seed, kernel_method=method,
                 peak_memory_method=memory + "; measured on a call of its own, before the timed ones",
@@ -405,7 +442,8 @@ def config_doc(cfg):
                           + (f"; so is a row predicted to take over {cfg.row_cap_s:g} s"
                              if cfg.row_cap_s else "")),
                 float32_matmul_precision={k: v[1] for k, v in DTYPES.items() if k in cfg.dtypes},
-                reference="float64 eager math of the same inputs (bf16-exact values for 16-bit "
+                reference="float64 eager math of the same inputs (each area a batch entry of its "
+                          "own; bf16-exact values for 16-bit "
                           "rows and for every CPU row, so those of a shape share one reference; "
                           "full fp32 values for GPU fp32 rows), over blocks of query rows (every "
                           "row, every key), computed after the case's rows",
@@ -417,16 +455,18 @@ def main(argv=None):
     cfg = configure(args)
     meta, doc_cfg = report.machine(cfg.device), config_doc(cfg)
     rows, steps = [], []
-    cases = [(d, s, hd) for d in cfg.dtypes for s in cfg.shapes for hd in cfg.dims]
-    progress = Progress(len(cases) * (len(cfg.modes) * len(cfg.peers) + cfg.step))
+    cases = [(b, d, s, hd) for b in cfg.blocks for d in cfg.dtypes for s in cfg.shapes[b]
+             for hd in cfg.dims[b]]
+    progress = Progress(len(cases) * len(cfg.modes) * len(cfg.peers)
+                        + cfg.step * sum(b == "psa" for b, *_ in cases))
     t0 = cfg.planner.t0
     precision = torch.get_float32_matmul_precision()
     print(f"psa_fa2_ext benchmark on {meta.get('gpu') or meta.get('cpu')}: {len(cases)} cases "
           f"x {len(cfg.peers)} peers x {len(cfg.modes)} modes -> {cfg.out}.md", file=sys.stderr)
     try:
-        for i, (dtype_name, shape, dims) in enumerate(cases):
+        for i, (block, dtype_name, shape, dims) in enumerate(cases):
             if cfg.budget_s and time.perf_counter() - t0 > cfg.budget_s:
-                left = [f"{d} {s}" for d, s, _ in cases[i:]]
+                left = [f"{b} {d} {s}" for b, d, s, _ in cases[i:]]
                 doc_cfg["stopped_early"] = f"--budget-s {cfg.budget_s:g} reached; not run: {', '.join(left)}"
                 break
             want = DTYPES[dtype_name][1]
@@ -434,7 +474,7 @@ def main(argv=None):
                 torch.set_float32_matmul_precision(want)
                 # Compiled peers must not reuse kernels built under the other precision.
                 torch._dynamo.reset()
-            run_case(dtype_name, shape, dims, cfg, rows, steps, progress)
+            run_case(block, dtype_name, shape, dims, cfg, rows, steps, progress)
             report.write(cfg.out, meta, doc_cfg, rows, steps)   # partial results survive a kill
     finally:
         torch.set_float32_matmul_precision(precision)

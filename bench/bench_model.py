@@ -1,4 +1,5 @@
-"""Model-level benchmark: YOLO11 n/s/m, Ultralytics' eager attention vs psa_fa2_ext.
+"""Model-level benchmark: Ultralytics' eager attention vs psa_fa2_ext, YOLO11 n/s/m by default;
+YOLO12 (area attention) and RT-DETR (AIFI) by name (``--models yolo12n rtdetr-l``).
 
 For each model (random weights from the yaml, nothing downloaded):
 - one AMP training step (fp16 autocast + GradScaler, channels_last, forward +
@@ -12,8 +13,9 @@ map has N = 62 500 tokens and the eager N x N matrix alone needs ~31 GB per head
 
 Without a GPU it runs fp32 inference only (eval, inference_mode, batch 1) of yolo11n and
 yolo11s at 640, 1280 and 2560 px, eager and patched: time per image, the time spent inside
-the Attention blocks (forward hooks: on a CPU every call is synchronous, so host time is
-their time) and the peak RSS one call adds (rss.py, on a call of its own). The eager and
+the attention blocks (forward hooks on ``Attention``, ``AAttn`` and AIFI's
+``nn.MultiheadAttention``: on a CPU every call is synchronous, so host time is their time)
+and the peak RSS one call adds (rss.py, on a call of its own). The eager and
 patched models' timed calls alternate, so that the machine's drift lands on both. A
 training step on a CPU only with --train-sizes.
 
@@ -104,23 +106,44 @@ def _measure(fn, device, warmup: int, iters: int) -> tuple[float, float | None]:
     return statistics.median(times), peak
 
 
-def _attention_timer(model):
-    """(list that each Attention block's forward appends its seconds to, hook handles)."""
-    from ultralytics.nn.modules.block import Attention
+def _attention_blocks(model):
+    """The modules whose forward is the attention psa_fa2 patches: ``Attention`` (YOLOv10 / 11
+    / 26), ``AAttn`` (YOLO12), and the ``nn.MultiheadAttention`` of each ``AIFI`` (RT-DETR; its
+    feed-forward and norms are not attention). Patched ones too: the patch subclasses them."""
+    from ultralytics.nn.modules.block import AAttn, Attention
+    from ultralytics.nn.modules.transformer import AIFI
 
-    spent, started = [], {}
+    for m in model.modules():
+        if isinstance(m, (Attention, AAttn)):
+            yield m
+        elif isinstance(m, AIFI):
+            yield m.ma
+
+
+def _tokens(m, args) -> str:
+    """The tokens one call of an attention block attends over: N, or N/area for AAttn."""
+    x = args[0]
+    n = x.shape[1] if x.dim() == 3 else x.shape[2] * x.shape[3]  # MHA is batch-first [B, N, C]
+    area = getattr(m, "area", 1)
+    return f"{n}/{area}" if area > 1 else f"{n}"
+
+
+def _attention_timer(model):
+    """(list that each attention block's forward appends its seconds to, hook handles, set of
+    the token counts the blocks saw)."""
+    spent, started, tokens = [], {}, set()
 
     def pre(m, args):
+        tokens.add(_tokens(m, args))
         started[m] = time.perf_counter()
 
     def post(m, args, out):
         spent.append(time.perf_counter() - started.pop(m))
 
     handles = []
-    for m in model.modules():
-        if isinstance(m, Attention):  # patched blocks too: the patch subclasses Attention
-            handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
-    return spent, handles
+    for m in _attention_blocks(model):
+        handles += [m.register_forward_pre_hook(pre), m.register_forward_hook(post)]
+    return spent, handles, tokens
 
 
 def _measure_cpu(fn, model, warmup: int, iters: int) -> dict:
@@ -129,7 +152,7 @@ def _measure_cpu(fn, model, warmup: int, iters: int) -> dict:
         fn()
     # Its own call, before the timed ones: resetting the high-water mark is not free.
     _, peak = rss.peak_added(fn) if not rss.unavailable() else (None, None)
-    spent, handles = _attention_timer(model)
+    spent, handles, _ = _attention_timer(model)
     times, attn = [], []
     try:
         for _ in range(iters):
@@ -145,12 +168,18 @@ def _measure_cpu(fn, model, warmup: int, iters: int) -> dict:
                 peak_rss_mib=None if peak is None else round(peak / 2**20, 1))
 
 
-def _build(scale: str):
+def _model_name(name: str) -> str:
+    """A YOLO11 scale (n, s, m, ...) or a full name (yolo12n, rtdetr-l, ...) -> the full name."""
+    return f"yolo11{name}" if len(name) == 1 else name
+
+
+def _build(name: str):
     from ultralytics.cfg import get_cfg
-    from ultralytics.nn.tasks import DetectionModel
+    from ultralytics.nn.tasks import DetectionModel, RTDETRDetectionModel
 
     torch.manual_seed(0)
-    model = DetectionModel(f"yolo11{scale}.yaml", verbose=False)
+    cls = RTDETRDetectionModel if name.startswith("rtdetr") else DetectionModel
+    model = cls(f"{name}.yaml", verbose=False)
     model.args = get_cfg()  # the loss reads its box/cls/dfl gains from here, as in training
     return model
 
@@ -232,6 +261,7 @@ def _infer_pair_cpu(base, imgsz, dtype, warmup, iters):
         _, peak = rss.peak_added(calls[mode]) if not rss.unavailable() else (None, None)
         out[mode] = dict(times=[], attn=[], peak_rss_mib=None if peak is None else round(peak / 2**20, 1))
     timers = {mode: _attention_timer(models[mode]) for mode in MODES}
+    tokens = timers["eager"][2]
     try:
         for i in range(iters):
             for mode in (MODES if i % 2 == 0 else MODES[::-1]):
@@ -242,11 +272,13 @@ def _infer_pair_cpu(base, imgsz, dtype, warmup, iters):
                 out[mode]["times"].append((time.perf_counter() - t) * 1e3)
                 out[mode]["attn"].append(sum(spent) * 1e3)
     finally:
-        for _, handles in timers.values():
+        for _, handles, _ in timers.values():
             for h in handles:
                 h.remove()
+    attn_n = " · ".join(sorted(tokens, key=lambda t: -int(t.split("/")[0])))
     return {mode: dict(time_ms=round(statistics.median(r["times"]), 3),
-                       attn_ms=round(statistics.median(r["attn"]), 3), peak_rss_mib=r["peak_rss_mib"])
+                       attn_ms=round(statistics.median(r["attn"]), 3), peak_rss_mib=r["peak_rss_mib"],
+                       attn_n=attn_n)
             for mode, r in out.items()}
 
 
@@ -270,6 +302,11 @@ def _run(job, fn, rows, device):
         )
     _free(device)
     rows.append(row)
+
+
+def _family(model: str) -> str:
+    # yolo11n -> YOLO11, rtdetr-l -> RT-DETR
+    return "RT-DETR" if model.startswith("rtdetr") else model.rstrip("nsmlx").upper()
 
 
 def _pairs(rows, keys):
@@ -301,12 +338,15 @@ def markdown(results: dict) -> str:
     memory = (
         "memory is the peak RSS one inference call adds (activations and workspaces; the weights"
         " were resident before it), measured on a call of its own; attn is the time inside the"
-        " Attention blocks"
+        " attention blocks (Attention; YOLO12's AAttn; RT-DETR's AIFI attention,"
+        " nn.MultiheadAttention, without its feed-forward), attn N the tokens a block attends"
+        " over (N/area: AAttn's areas of N/area tokens each)"
         if cpu_rows
         else "memory is peak allocated (weights, activations, optimiser state)"
     )
     lines = [
-        "# YOLO11 model benchmark: eager attention vs psa_fa2",
+        f"# {', '.join(dict.fromkeys(_family(r['model']) for r in results['train'] + results['infer']))}"
+        " model benchmark: eager attention vs psa_fa2",
         "",
         f"{meta['device']} · torch {meta['torch']} · ultralytics {meta['ultralytics']} · {meta['date']}",
         "",
@@ -329,7 +369,7 @@ def markdown(results: dict) -> str:
     lines += ["", f"## Inference ({meta['infer_dtype']}, BN fused, batch 1)", ""]
     if cpu_rows:
         lines += [
-            "| model | imgsz | P5 N | eager ms | psa_fa2 ms | speedup | eager attn ms | psa_fa2 attn ms |"
+            "| model | imgsz | attn N | eager ms | psa_fa2 ms | speedup | eager attn ms | psa_fa2 attn ms |"
             " attn speedup | eager RSS MiB | psa_fa2 RSS MiB | memory |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
@@ -340,7 +380,8 @@ def markdown(results: dict) -> str:
         ]
     for (model, imgsz), p in _pairs(results["infer"], ("model", "imgsz")).items():
         e, f = p.get("eager"), p.get("psa_fa2")
-        cells = [model, imgsz, (imgsz // 32) ** 2, _fmt(e, "time_ms"), _fmt(f, "time_ms"), _ratio(e, f, "time_ms")]
+        n = (e or f or {}).get("attn_n", "-") if cpu_rows else (imgsz // 32) ** 2
+        cells = [model, imgsz, n, _fmt(e, "time_ms"), _fmt(f, "time_ms"), _ratio(e, f, "time_ms")]
         if cpu_rows:
             cells += [_fmt(e, "attn_ms"), _fmt(f, "attn_ms"), _ratio(e, f, "attn_ms")]
         mem = "peak_rss_mib" if cpu_rows else "peak_mib"
@@ -355,7 +396,8 @@ def markdown(results: dict) -> str:
 def main(argv=None) -> dict:
     cuda = torch.cuda.is_available()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", nargs="+", default=["n", "s", "m"] if cuda else ["n", "s"], help="YOLO11 scales")
+    ap.add_argument("--models", nargs="+", default=["n", "s", "m"] if cuda else ["n", "s"],
+                    help="YOLO11 scales (n, s, ...) or model names: yolo12n, yolo12s, rtdetr-l, ...")
     ap.add_argument(
         "--sizes",
         nargs="+",
@@ -417,10 +459,10 @@ def main(argv=None) -> dict:
     base, base_scale = None, None
     for kind, scale, imgsz, mode in _progress(jobs, "bench_model"):
         if scale != base_scale:  # build each model once, copy it per run
-            base, base_scale = _build(scale), scale
+            base, base_scale = _build(_model_name(scale)), scale
         n_iters = args.iters or 3
         warmup, iters = (min(args.warmup, 1), min(n_iters, 2)) if imgsz >= args.big else (args.warmup, n_iters)
-        job = {"model": f"yolo11{scale}", "mode": mode, "imgsz": imgsz}
+        job = {"model": _model_name(scale), "mode": mode, "imgsz": imgsz}
         if mode == "both":
             iters = args.iters or _cpu_iters(imgsz)
             try:

@@ -7,14 +7,8 @@ import torch
 
 import peers
 import timing
+from layouts import split_views
 from reference import rel_err
-
-
-def split_views(qkv, H, dk, dv):
-    # Exactly the block's line: [B, H*(2dk+dv), h, w] -> three [B, H, D, N] views.
-    B = qkv.shape[0]
-    N = qkv.shape[2] * qkv.shape[3]
-    return qkv.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2)
 
 
 def make_step(fn, mode, q, k, v, dout):
@@ -22,6 +16,13 @@ def make_step(fn, mode, q, k, v, dout):
         def step():
             with torch.no_grad():
                 return fn(q, k, v)
+    elif q._base is not None and k._base is not q._base:
+        # AIFI: three projections, each viewed as heads; their gradients are dq, dk, dv.
+        bases = (q._base, k._base, v._base)
+
+        def step():
+            out = fn(q, k, v)
+            return (out, *torch.autograd.grad(out, bases, dout))
     elif q._base is not None:
         # The gradient is taken of the tensor the views were split from, as in training
         # (the conv output's): ours writes that one buffer directly and is not

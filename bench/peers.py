@@ -1,9 +1,12 @@
-"""Every attention a PSA user could pick, behind one calling convention.
+"""Every attention a PSA, AAttn or AIFI user could pick, behind one calling convention.
 
-Each peer takes the Ultralytics split views (q, k [B, H, dk, N], v [B, H, dv, N], stride
-of N == 1) and returns [B, H, dv, N] contiguous, so that `.view(B, C, h, w)` is free as
-in the block. Whatever layout copy a peer needs to get there is part of the peer and so
-of its time and memory.
+Each peer takes the views its block hands the attention and returns what the block goes on
+with (layouts.py): for PSA and AAttn the channel-first split views of the qkv conv output
+(q, k [B, H, dk, N], v [B, H, dv, N], stride of N == 1) and [B, H, dv, N] contiguous, so
+that `.view(B, C, h, w)` is free as in the block; for AIFI the three [B, N, C] projections
+viewed as heads [B, H, N, D] and [B, N, C] contiguous. Whatever layout copy a peer needs to
+get there is part of the peer and so of its time and memory. AAttn's areas are runs of N:
+peers other than ours and eager copy them to a batch of their own, [B * area, H, N / area, D].
 """
 import contextlib
 import dataclasses
@@ -32,16 +35,38 @@ class Case:
     scale: float
     dtype: torch.dtype
     device: torch.device
+    block: str = "psa"   # layouts.BLOCKS
+    area: int = 1        # aattn: equal runs of N that attend separately
 
 
-def _tok(x):
-    # [B, H, D, N] view -> [B, H, N, D] contiguous: stride(-1) == 1 is what fused kernels read.
-    return x.transpose(-1, -2).contiguous()
+def _tok_view(c, x):
+    """The operand token-major, as a view: [B, H, N, D], or [B, area, H, N / area, D]."""
+    if c.block == "aifi":
+        return x   # the projection's own head view
+    if c.area == 1:
+        return x.transpose(-1, -2)
+    return x.unflatten(3, (c.area, x.shape[3] // c.area)).permute(0, 3, 1, 4, 2)
 
 
-def _chan(o):
-    # [B, H, N, D] -> [B, H, D, N] contiguous, the layout the block's next line views.
-    return o.transpose(-1, -2).contiguous()
+def _batch(c, t):
+    # [B, area, ...] (contiguous) -> [B * area, ...]: a view.
+    return t.flatten(0, 1) if c.block == "aattn" and c.area > 1 else t
+
+
+def _tok(c, x):
+    # -> [B', H, N', D] with stride(-1) == 1, what fused kernels read: one copy from the
+    # channel-first views, none from AIFI's head views.
+    return x if c.block == "aifi" else _batch(c, _tok_view(c, x).contiguous())
+
+
+def _out(c, o):
+    """[B', H, N', dv] -> the layout the block goes on with (module docstring), contiguous."""
+    if c.block == "aifi":
+        return o.transpose(1, 2).reshape(o.shape[0], o.shape[2], -1)   # [B, N, C]
+    if c.area == 1:
+        return o.transpose(-1, -2).contiguous()
+    o = o.unflatten(0, (o.shape[0] // c.area, c.area))                 # [B, area, H, N', dv]
+    return o.permute(0, 2, 4, 1, 3).reshape(o.shape[0], o.shape[2], o.shape[4], -1)
 
 
 def _pad_dim(c):
@@ -67,6 +92,11 @@ def _need_half(c):
 
 
 def eager(c):
+    if c.block == "aattn":
+        return [Candidate(_eager_aattn(c))]
+    if c.block == "aifi":
+        return [Candidate(_eager_mha(c))]
+
     # The Ultralytics Attention block's three lines, verbatim.
     def run(q, k, v):
         attn = (q.transpose(-2, -1) @ k) * c.scale
@@ -75,23 +105,75 @@ def eager(c):
     return [Candidate(run)]
 
 
+def _conv_output(q):
+    # The tensor the split views were taken from: the qkv conv output [B, 3C, h, w], which
+    # Ultralytics' AAttn reshapes itself.
+    base = q._base
+    if base is None or base.dim() != 4:
+        raise Unsupported("eager AAttn needs the split views of a [B, 3C, h, w] conv output")
+    return base
+
+
+def _eager_aattn(c):
+    # Ultralytics' AAttn.forward (8.4.x) from its qkv conv output to the [B, C, h, w] it adds
+    # pe(v) to, verbatim: with area > 1 the copy to [B * area, N / area, 3C], and the copies
+    # back. Its copy of v for pe is left out here, as for every peer: the patched block makes
+    # it too.
+    def run(q, _k, _v):
+        qkv = _conv_output(q)
+        B, _, h, w = qkv.shape
+        N, heads, head_dim = h * w, q.shape[1], q.shape[2]
+        qkv = qkv.flatten(2).transpose(1, 2)
+        if c.area > 1:
+            qkv = qkv.reshape(B * c.area, N // c.area, heads * head_dim * 3)
+            B, N, _ = qkv.shape
+        q, k, v = (qkv.view(B, N, heads, head_dim * 3).permute(0, 2, 3, 1)
+                   .split([head_dim, head_dim, head_dim], dim=2))
+        attn = (q * c.scale).transpose(-2, -1) @ k
+        attn = attn.softmax(dim=-1)
+        x = v @ attn.transpose(-2, -1)
+        x = x.permute(0, 3, 1, 2)
+        if c.area > 1:
+            x = x.reshape(B // c.area, N * c.area, heads * head_dim)
+            B, N, _ = x.shape
+        x = x.reshape(B, h, w, heads * head_dim).permute(0, 3, 1, 2).contiguous()
+        return x.view(B, heads, head_dim, N)
+    return run
+
+
+def _eager_mha(c):
+    # nn.MultiheadAttention's path for AIFI's call (masks none, need_weights=True by default):
+    # bmm, softmax, bmm on [B * H, N, D], and the head-averaged weights it returns (AIFI drops
+    # them). MHA projects seq-first inputs, so its [B * H, N, D] are views of a copy made
+    # before the projections; from the [B, N, C] projections here the copy comes after them.
+    def run(q, k, v):
+        B, H, N, _ = q.shape
+        q, k, v = (x.reshape(B * H, N, x.shape[3]) for x in (q, k, v))
+        w = torch.bmm(q * c.scale, k.transpose(-2, -1)).softmax(dim=-1)
+        o = torch.bmm(w, v)
+        w.view(B, H, N, N).mean(dim=1)   # MHA's returned weights: computed, then dropped
+        return o.view(B, H, N, -1).transpose(1, 2).reshape(B, N, -1)
+    return run
+
+
 def _sdpa_native(c):
     def run(q, k, v):
-        o = F.scaled_dot_product_attention(_tok(q), _tok(k), _tok(v), scale=c.scale)
-        return _chan(o)
+        o = F.scaled_dot_product_attention(_tok(c, q), _tok(c, k), _tok(c, v), scale=c.scale)
+        return _out(c, o)
     return run
 
 
 def _tok_padded(c, q, k, v):
-    # F.pad of the transposed view does the layout change and the padding in one copy.
+    # F.pad of the token-major view does the layout change and the padding in one copy.
     d = _pad_dim(c)
-    return [F.pad(x.transpose(-1, -2), (0, d - x.shape[2])).contiguous() for x in (q, k, v)]
+    views = [_tok_view(c, x) for x in (q, k, v)]
+    return [_batch(c, F.pad(t, (0, d - t.shape[-1]))) for t in views]
 
 
 def _sdpa_padded(c):
     def run(q, k, v):
         o = F.scaled_dot_product_attention(*_tok_padded(c, q, k, v), scale=c.scale)
-        return _chan(o[..., : c.dv])
+        return _out(c, o[..., : c.dv])
     return run
 
 
@@ -155,10 +237,10 @@ def flex(c):
     fa = _flex_compiled
 
     def run(q, k, v):
-        return _chan(fa(_tok(q), _tok(k), _tok(v), scale=c.scale))
+        return _out(c, fa(_tok(c, q), _tok(c, k), _tok(c, v), scale=c.scale))
 
     def padded(q, k, v):
-        return _chan(fa(*_tok_padded(c, q, k, v), scale=c.scale)[..., : c.dv])
+        return _out(c, fa(*_tok_padded(c, q, k, v), scale=c.scale)[..., : c.dv])
     # Default torch.compile: after the first shape it recompiles with dynamic shapes, which
     # keeps the whole matrix to a few compiles; compile time is excluded (warm-up).
     note = "torch.compile"
@@ -189,15 +271,17 @@ def fa4(c):
     def call(qt, kt, vt):
         r = func(qt, kt, vt, softmax_scale=c.scale)
         o = r[0] if isinstance(r, tuple) else r   # some releases also return lse
-        return o.permute(0, 2, 3, 1)[:, :, : c.dv].contiguous()   # [B, N, H, D] -> [B, H, dv, N]
+        return _out(c, o[..., : c.dv].transpose(1, 2))   # [B', N', H, D] -> the block's layout
+
+    def bnhd(x):
+        # [B', N', H, D], FA4's layout, as a view: AIFI's projections are that layout already.
+        return x.transpose(1, 2) if c.block == "aifi" else _tok_view(c, x).transpose(-3, -2)
 
     def native(q, k, v):
-        bnhd = [x.permute(0, 3, 1, 2).contiguous() for x in (q, k, v)]
-        return call(*bnhd)
+        return call(*[_batch(c, bnhd(x).contiguous()) for x in (q, k, v)])
 
     def padded(q, k, v):
-        bnhd = [F.pad(x.permute(0, 3, 1, 2), (0, d - x.shape[2])).contiguous() for x in (q, k, v)]
-        return call(*bnhd)
+        return call(*[_batch(c, F.pad(bnhd(x), (0, d - bnhd(x).shape[-1]))) for x in (q, k, v)])
     cands = [Candidate(native)]
     if _pads(c):
         cands.append(Candidate(padded, f"q,k,v zero-padded to head dim {d}"))
@@ -212,7 +296,9 @@ def _ours(impl):
             raise Unsupported(f"psa_fa2_ext not importable: {type(e).__name__}: {e}")
 
         def run(q, k, v):
-            return psa_fa2_ext.psa_attention(q, k, v, c.scale, impl=impl)
+            if c.block == "aifi":   # as the patched AIFI's attention does (blocks.py)
+                return _out(c, psa_fa2_ext.attention(q, k, v, c.scale, impl=impl))
+            return psa_fa2_ext.psa_attention(q, k, v, c.scale, impl=impl, area=c.area)
         return [Candidate(run)]
     return build
 

@@ -5,7 +5,8 @@ the work, B*H*N^2:
 - seconds per call: that row's time per unit of work, times the new work. Where the time per
   unit of work grew between that row and the next smaller one (a kernel that falls out of
   cache, a slow path for large operands), the growth is assumed to go on at the same rate,
-  per doubling of work; it is never assumed to shrink.
+  per doubling of work; it is never assumed to shrink. "The next smaller one": at most half
+  the work, so that the growth is measured, not noise.
 - peak memory: that row's peak times the work ratio. Exact for peers that hold N x N
   matrices, an overestimate for those whose memory grows with N only.
 
@@ -77,7 +78,10 @@ class Planner:
         base = below[-1] if below else works[0]
         seconds, peak, label = seen[base]
         rate = seconds / base
-        smaller = [x for x in works if x < base]
+        # Growth is read over at least a doubling of work: between two rows of nearly the same
+        # work (a probe and a first row) it is the clock's noise, and raised to the power of
+        # many such steps it predicted rows of hours that take a second.
+        smaller = [x for x in works if x <= base / 2]
         if smaller and w > base:
             prev = smaller[-1]
             growth = rate / (seen[prev][0] / prev)

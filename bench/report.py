@@ -7,6 +7,7 @@ import subprocess
 
 import torch
 
+from layouts import LABELS
 from peers import OURS, PEERS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -63,7 +64,7 @@ def summarise(rows):
         best = min(others, key=lambda r: r["kernel_us"]) if others else None
         ours, seed = ok.get("ours"), ok.get("seed")
         eager = next((r for r in rs if r["peer"] == "eager"), None)
-        s = dict(zip(("mode", "B", "H", "N", "dk", "dv", "dtype"), key))
+        s = dict(zip(("mode", "block", "B", "H", "N", "area", "dk", "dv", "dtype"), key))
         s.update(ours_us=ours and ours["kernel_us"],
                  best_peer=best and best["peer"], best_peer_us=best and best["kernel_us"],
                  seed_us=seed and seed["kernel_us"],
@@ -78,7 +79,8 @@ def summarise(rows):
 
 
 def _case_key(r):
-    return (r["mode"], r["B"], r["H"], r["N"], r["dk"], r["dv"], r["dtype"])
+    return (r["mode"], r.get("block", "psa"), r["B"], r["H"], r["N"], r.get("area", 1), r["dk"],
+            r["dv"], r["dtype"])
 
 
 def write(prefix, meta, config, rows, steps):
@@ -109,9 +111,26 @@ def _table(header, lines):
     return "\n".join(out)
 
 
-def _shape(r):
+def shape_label(r):
+    """B×H×N; AAttn with an area also as its attention calls (B·area × H × N/area), as the
+    issue counts them; the block's name and head dims where they are not PSA's."""
+    block, area = r.get("block", "psa"), r.get("area", 1)
     s = f"{r['B']}×{r['H']}×{r['N']}"
-    return s if (r["dk"], r["dv"]) == (32, 64) else f"{s} (dk {r['dk']}, dv {r['dv']})"
+    if area > 1:
+        s += f" area {area} = {r['B'] * area}×{r['H']}×{r['N'] // area}"
+    if block != "psa":
+        s = f"{LABELS[block]} {s}"
+    default = (32, 64) if block == "psa" else (32, 32)
+    return s if (r["dk"], r["dv"]) == default else f"{s} (dk {r['dk']}, dv {r['dv']})"
+
+
+def reference_label(r):
+    """The key of a case's reference time in config['reference_s']."""
+    block, area = r.get("block", "psa"), r.get("area", 1)
+    prefix = "" if block == "psa" else f"{block} "
+    suffix = f" area {area}" if area > 1 else ""
+    return f"{prefix}{r['dtype']} {r['B']}x{r['H']}x{r['N']}{suffix} {r['dk']}x{r['dv']}"
+
 
 
 def markdown(doc):
@@ -138,6 +157,21 @@ def markdown(doc):
         "differentiates the qkv tensor the views were split from (as training does), so a "
         "peer also pays autograd's copy of the three view gradients into its gradient.",
     ]
+    blocks = {r.get("block", "psa") for r in doc["rows"]}
+    if "aattn" in blocks:
+        parts.append("- AAttn (YOLO12): the same views of its qkv conv output, head dim 32; with "
+                     "an area the attention is within each of `area` runs of N (shape: B×H×N, "
+                     "then its attention calls B·area × H × N/area). Eager is Ultralytics' "
+                     "AAttn from the conv output (its reshape to [B·area, N/area, 3C] and the "
+                     "copies back); ours reads the views in place; the other peers copy each "
+                     "area to a batch entry, [B·area, H, N/area, 32], and back. The copy of v "
+                     "the block makes for its pe conv is in no peer's time.")
+    if "aifi" in blocks:
+        parts.append("- AIFI (RT-DETR): q, k, v are its three [B, N, C] in-projections viewed "
+                     "as heads [B, H, N, 32] (token-major); every peer returns [B, N, C] "
+                     "contiguous, what the out-projection reads; fwd+bwd differentiates the "
+                     "three projections. Eager is nn.MultiheadAttention's math (bmm, softmax, "
+                     "bmm, and the head-averaged weights it returns).")
     if m.get("psa_fa2_ext_error"):
         parts.append(f"- psa_fa2_ext could not be imported: {m['psa_fa2_ext_error']}")
     if cfg.get("planning"):
@@ -161,13 +195,13 @@ def markdown(doc):
             ok = r["status"] == "ok"
             errs = [r["err_out"]] + ([r["err_dq"], r["err_dk"], r["err_dv"]] if grads else [])
             note = r["note"] if ok else f"**{r['status']}** {r['note']}".strip()
-            lines.append([_shape(r), r["dtype"], PEERS[r["peer"]][0], _us(r["kernel_us"]),
+            lines.append([shape_label(r), r["dtype"], PEERS[r["peer"]][0], _us(r["kernel_us"]),
                           r.get("kernel_method") or "–"] + ([_us(r["wall_us"])] if wall else [])
                          + [_f(r["tflops"], ".3g"), _f(r["vs_ours"], ".2f"),
                             _mb(r["peak_mb"]), *[_f(e, ".1e") for e in errs], note])
         parts += ["", f"## {mode}", "", _table(header, lines)]
     if doc["eager_step"]:
-        lines = [[_shape(s), s["dtype"], _us(s["ours_us"]), _us(s["sdpa_us"]), _us(s["eager_us"]),
+        lines = [[shape_label(s), s["dtype"], _us(s["ours_us"]), _us(s["sdpa_us"]), _us(s["eager_us"]),
                   _f(s["sdpa_over_ours"], ".2f"), _ratio_range(s.get("sdpa_over_ours_rounds")),
                   _f(s["eager_over_ours"], ".2f"), s["note"]]
                  for s in doc["eager_step"]]
@@ -192,16 +226,17 @@ def costs(rows, reference_s):
     """Seconds per case: its rows, its reference, and what its skipped rows would have taken."""
     groups = {}
     for r in rows:
-        groups.setdefault((r["dtype"], r["B"], r["H"], r["N"], r["dk"], r["dv"]), []).append(r)
+        groups.setdefault(reference_label(r), []).append(r)
     lines = []
-    for (dtype, B, H, N, dk, dv), rs in groups.items():
+    for key, rs in groups.items():
         ran = [r for r in rs if r["status"] != "skipped"]
         skipped = [r for r in rs if r["status"] == "skipped"]
         pred = [r["predicted_row_s"] for r in skipped if r.get("predicted_row_s")]
         by_mode = {m: sum(r.get("cost_s") or 0 for r in ran if r["mode"] == m)
                    for m in dict.fromkeys(r["mode"] for r in rs)}
-        lines.append([dtype, _shape(rs[0]), " · ".join(f"{m} {t:.1f}" for m, t in by_mode.items()),
-                      _ref_s(reference_s.get(f"{dtype} {B}x{H}x{N} {dk}x{dv}")),
+        lines.append([rs[0]["dtype"], shape_label(rs[0]),
+                      " · ".join(f"{m} {t:.1f}" for m, t in by_mode.items()),
+                      _ref_s(reference_s.get(key)),
                       f"{len(skipped)}" + (f" (~{sum(pred):.0f} s)" if pred else "")])
     return ("## cost: seconds each case took\n\nrows: every call of the run's rows, probes "
             "included; reference: computed once per shape (a later dtype reuses it); skipped: "
@@ -228,7 +263,7 @@ def short(summary):
             eager = f"~{eager} (skipped)"
         ratio = (s["eager_peak_mb"] / s["ours_peak_mb"]
                  if s["eager_peak_mb"] and s["ours_peak_mb"] and not s["eager_peak_predicted"] else None)
-        lines.append([s["dtype"], _shape(s), s["mode"], _us(s["ours_us"]), f"{s['best_peer'] or '–'}",
+        lines.append([s["dtype"], shape_label(s), s["mode"], _us(s["ours_us"]), f"{s['best_peer'] or '–'}",
                       _us(s["best_peer_us"]), _f(s["best_over_ours"], ".2f")]
                      + ([_f(s["seed_over_ours"], ".1f")] if seed else [])
                      + [_mb(s["ours_peak_mb"]), eager, _f(ratio, ".3g")])
@@ -247,9 +282,15 @@ def merge(paths, prefix):
         with open(p) as f:
             docs.append(json.load(f))
     cfg = dict(docs[0]["config"])
-    for key in ("dtypes", "peers", "modes"):
-        cfg[key] = list(dict.fromkeys(x for d in docs for x in d["config"][key]))
-    cfg["shapes"] = list(dict.fromkeys(tuple(s) for d in docs for s in d["config"]["shapes"]))
+    for key in ("blocks", "dtypes", "peers", "modes"):
+        cfg[key] = list(dict.fromkeys(x for d in docs for x in d["config"].get(key, ["psa"])))
+    # Shapes per block; runs from before the AAttn / AIFI blocks list PSA shapes alone.
+    shapes = {}
+    for d in docs:
+        by_block = d["config"]["shapes"]
+        for block, ss in (by_block if isinstance(by_block, dict) else {"psa": by_block}).items():
+            shapes[block] = list(dict.fromkeys(tuple(s) for s in shapes.get(block, []) + ss))
+    cfg["shapes"] = shapes
     cfg["merged_from"] = [os.path.abspath(p) for p in paths]
     cfg["stopped_early"] = "; ".join(filter(None, (d["config"].get("stopped_early") for d in docs))) or None
     rows = [r for d in docs for r in d["rows"]]

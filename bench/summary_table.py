@@ -19,7 +19,8 @@ def main():
     times, shapes = {}, set()
     for path in args.json:
         for r in json.load(open(path))["rows"]:
-            if r["dtype"] != args.dtype:
+            # The README's table is PSA's; AAttn / AIFI rows have their own shapes.
+            if r["dtype"] != args.dtype or r.get("block", "psa") != "psa":
                 continue
             shapes.add((r["B"], r["H"], r["N"]))
             if r["status"] == "ok":

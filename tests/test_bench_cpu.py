@@ -72,3 +72,33 @@ def test_planner_scales_by_work_and_refuses():
     # Time per unit of work that grew from one row to the next keeps growing beyond them.
     p.record(key, 200, 2.0, None, "middle")
     assert p.predict(key, 400).seconds == pytest.approx(2.0 * 2 * 2)
+    # ... but not from two rows of nearly the same work, whose difference is noise.
+    q = plan.Planner()
+    q.record(key, 100, 0.1, None, "probe")
+    q.record(key, 120, 0.5, None, "first row")
+    assert q.predict(key, 1920).seconds == pytest.approx(0.5 * 16)
+
+
+@pytest.mark.parametrize("block,shape", [("aattn", (2, 2, 48, 4)), ("aattn", (1, 3, 20, 1)),
+                                         ("aifi", (2, 2, 24, 1))])
+def test_block_peers_match_the_reference(block, shape):
+    # Every CPU peer of the AAttn / AIFI rows, forward and backward, in the layout its block
+    # goes on with, against the float64 reference taken through layouts.py's conversions.
+    import layouts
+    import measure
+    import peers
+
+    B, H, N, area = shape
+    case = peers.Case(dk=32, dv=32, scale=32 ** -0.5, dtype=torch.float32,
+                      device=torch.device("cpu"), block=block, area=area)
+    src, dout = layouts.make_inputs(case, B, H, N, seed=0)
+    q, k, v, d = layouts.to_reference(block, area, *layouts.views(block, src, H, 32, 32), dout)
+    ref = layouts.from_reference(block, area, reference.reference(q, k, v, case.scale, d))
+    for name in peers.CPU_DEFAULT:
+        fn = peers.build(name, case)[0].fn
+        fwd = measure.make_step(fn, "fwd", *layouts.views(block, src, H, 32, 32), dout)()
+        torch.testing.assert_close(fwd.double(), ref[0], rtol=0, atol=1e-5, msg=name)
+        got = measure.make_step(fn, "fwd+bwd", *layouts.views(block, layouts.leaf(src), H, 32, 32),
+                                dout)()
+        for x, want in zip(got, ref):
+            torch.testing.assert_close(x.double(), want, rtol=0, atol=1e-5, msg=name)
