@@ -79,16 +79,23 @@ inline at::Tensor empty_in_layout(const AttnShape& s, int64_t d, Layout layout,
                            {s.heads * d * s.seqlen, d * s.seqlen, 1, s.seqlen}, options);
 }
 
-// The forward's output ([B, H, N, dv]) for inputs like q: in `layout`, and, channel-first,
-// with the head dim outside the heads where q has it so. That is how q looks as area views
-// (psa_attention with area > 1: [B * H, area, N / area, D] of a [B, H, D, N] block view,
-// whose "heads" are chunks of N), and out then is the block's [B, H, dv, N] memory, which the
-// block reads without a copy. Every other input gets empty_in_layout's output.
+// The forward's output ([B, H, N, dv]) for inputs like q: in `layout`, with the heads inside
+// the dim that holds them in q, so that the caller's view back to its own layout is free:
+// - channel-first, heads inside the head dim: q as area views (psa_attention with area > 1:
+//   [B * H, area, N / area, D] of a [B, H, D, N] block view, whose "heads" are runs of N); out
+//   is then the block's [B, H, dv, N] memory;
+// - token-major, heads inside the tokens: the [B, N, H, D] head views of a projection (as
+//   nn.MultiheadAttention and RT-DETR's AIFI make them); out is then [B, N, H * dv] memory.
+// Every other input gets empty_in_layout's output.
 inline at::Tensor empty_output_like(const at::Tensor& q, const AttnShape& s, Layout layout,
                                     const at::TensorOptions& options) {
   const int64_t B = s.batch, H = s.heads, N = s.seqlen, dv = s.head_dim_v;
-  if (layout == Layout::kChannelFirst && H > 1 && q.size(3) > 1 && q.stride(1) < q.stride(3))
-    return at::empty_strided({B, H, N, dv}, {dv * H * N, N, 1, H * N}, options);
+  if (H > 1 && N > 1 && q.size(3) > 1) {
+    if (layout == Layout::kChannelFirst && q.stride(1) < q.stride(3))
+      return at::empty_strided({B, H, N, dv}, {dv * H * N, N, 1, H * N}, options);
+    if (layout == Layout::kTokenMajor && q.stride(1) < q.stride(2))
+      return at::empty_strided({B, H, N, dv}, {N * H * dv, dv, H * dv, 1}, options);
+  }
   return empty_in_layout(s, dv, layout, options);
 }
 

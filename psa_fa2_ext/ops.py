@@ -80,11 +80,15 @@ def _new_in_layout(like: Tensor, d: int, layout: str) -> Tensor:
 
 
 def _new_output(q: Tensor, d: int, layout: str) -> Tensor:
-    """The forward's output for inputs like q (csrc/layout.h: empty_output_like): channel-first
-    area views, whose heads stride less than their head dim, get out in the same order."""
+    """The forward's output for inputs like q (csrc/layout.h: empty_output_like): heads inside
+    the head dim (channel-first area views) or inside the tokens (token-major head views of a
+    projection) where q has them there."""
     B, H, N = q.shape[:3]
-    if layout == "channel_first" and H > 1 and q.shape[3] > 1 and q.stride(1) < q.stride(3):
-        return q.new_empty(B, d, H, N).permute(0, 2, 3, 1)
+    if H > 1 and N > 1 and q.shape[3] > 1:
+        if layout == "channel_first" and q.stride(1) < q.stride(3):
+            return q.new_empty(B, d, H, N).permute(0, 2, 3, 1)
+        if layout == "token_major" and q.stride(1) < q.stride(2):
+            return q.new_empty(B, N, H, d).transpose(1, 2)
     return _new_in_layout(q, d, layout)
 
 
