@@ -2,7 +2,8 @@
     compute-sanitizer --tool memcheck python .ci/sanitize_case.py [part ...]
     compute-sanitizer --tool racecheck python .ci/sanitize_case.py [part ...]
 The parts (all by default): families (every bf16 kernel family, both layouts), images (the
-Hopper kernels on tile images, bulk copies and mbarriers), fp32, autograd. racecheck of all of
+Hopper kernels on tile images, bulk copies and mbarriers), fp32, autograd, strides (area views,
+head views of a projection, more (b, h) pairs than a grid holds). racecheck of all of
 them takes minutes; of one part, seconds to a minute."""
 import itertools
 import sys
@@ -87,7 +88,26 @@ def autograd():
     psa_fa2_ext.psa_attention(*x.view(2, 2, 128, 399).split([32, 32, 64], 2)).sum().backward()
 
 
-PARTS = {"families": families, "images": images, "fp32": fp32, "autograd": autograd}
+def strides():
+    # Operands and outputs whose strides the block views above do not have: YOLO12's area views
+    # (heads are runs of N: head stride N / area below the head-dim stride N, in the output
+    # too), AIFI's token-major head views (output token stride H * dv), and a call of more
+    # (b, h) pairs than a grid holds (launches on narrowed views). Both kernel generations.
+    for no_sm90 in (False, True):
+        with _testing.force(no_sm90=no_sm90):
+            for N, area in ((1600, 4), (1200, 4), (28, 4)):
+                x = torch.randn(2, 2 * 96, N, device="cuda", dtype=torch.bfloat16,
+                                requires_grad=True)
+                q, k, v = x.view(2, 2, 96, N).split([32, 32, 32], 2)
+                psa_fa2_ext.psa_attention(q, k, v, area=area).sum().backward()
+            x = torch.randn(2, 401, 3 * 256, device="cuda", dtype=torch.float16, requires_grad=True)
+            q, k, v = (t.view(2, 401, 8, 32).transpose(1, 2) for t in x.split(256, -1))
+            psa_fa2_ext.attention(q, k, v).sum().backward()
+            forward_backward(*channel_first_views(17, B=70000, H=1, dv=32))
+
+
+PARTS = {"families": families, "images": images, "fp32": fp32, "autograd": autograd,
+         "strides": strides}
 
 if __name__ == "__main__":
     unknown = [name for name in sys.argv[1:] if name not in PARTS]
