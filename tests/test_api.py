@@ -378,3 +378,29 @@ def test_psa_attention_training_step_in_a_cuda_graph(deterministic):
                 torch.testing.assert_close(grad_graph, x.grad)
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_attention_on_head_views_of_a_projection(device, dtype):
+    """AIFI's / nn.MultiheadAttention's operands: [B, N, H, D] head views of one projection.
+    The result comes in the same order (its reshape to [B, N, C] is a view), and values and
+    gradients are float64 eager's to the dtype's tolerance, on the fast kernels where there
+    are some."""
+    B, N, H, D = 2, 401, 8, 32
+    x = torch.randn(B, N, 3 * H * D, dtype=dtype, device=device, requires_grad=True)
+    q, k, v = (t.view(B, N, H, D).transpose(1, 2) for t in x.split(H * D, dim=-1))
+    out = psa_fa2_ext.attention(q, k, v)
+    assert out.transpose(1, 2).is_contiguous()
+    g = torch.randn_like(out)
+    (dx,) = torch.autograd.grad(out, x, g)
+
+    def eager(precision):
+        x_ = x.detach().to(precision).requires_grad_()
+        qe, ke, ve = (t.view(B, N, H, D).transpose(1, 2) for t in x_.split(H * D, dim=-1))
+        o = attention_eager(qe, ke, ve)
+        return o, torch.autograd.grad(o, x_, g.to(precision))[0]
+
+    (ref, dref), (same, dsame) = eager(torch.float64), eager(dtype)
+    assert_close_to_reference("out", out, ref, same, dtype)
+    assert_close_to_reference("dx", dx, dref, dsame, dtype)
