@@ -28,22 +28,29 @@ def parse_dims(text):
     return dk, dv
 
 
+def split_views(x, H, dk, dv):
+    """[B, H, N, D] channel-first views of a [B, H*(2dk+dv), N] tensor, as the block's."""
+    B, _, N = x.shape
+    return [t.transpose(2, 3) for t in x.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], 2)]
+
+
 def channel_first_inputs(B, H, N, dk, dv, dtype):
-    """q, k, v as the PSA block makes them, and a dout for the backward."""
+    """q, k, v as the PSA block makes them, a dout for the backward, and gradient buffers in
+    the same layout (one qkv-shaped buffer, as psa_attention's backward writes)."""
     x = torch.randn(B, H * (2 * dk + dv), N, device="cuda", dtype=dtype)
-    q, k, v = (t.transpose(2, 3) for t in x.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], 2))
+    q, k, v = split_views(x, H, dk, dv)
     dout = torch.randn(B, H, dv, N, device="cuda", dtype=dtype).transpose(2, 3)
-    return q, k, v, dout
+    return q, k, v, dout, split_views(torch.empty_like(x), H, dk, dv)
 
 
-def times_us(q, k, v, dout, force):
+def times_us(q, k, v, dout, grads, force):
     """(forward, backward) kernel times with the plan overrides `force`; the plans are made
     when the graphs are captured, inside the block."""
     scale = q.shape[-1] ** -0.5
     with _testing.force(**force), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the blockwise fallback's one-time note
         out, lse = torch.ops.psa_fa2.fwd(q, k, v, scale, "auto")
-        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        dq, dk, dv = grads
         fwd = graph_time_us(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "auto"))
         bwd = graph_time_us(lambda: torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, scale, dq, dk,
                                                           dv, "auto", False, False))
@@ -51,16 +58,14 @@ def times_us(q, k, v, dout, force):
 
 
 def kernel_name(direction, q, k, v, force):
-    """The plan's first words (kernel family, dtype, dims) as the ops would plan the call here."""
+    """The kernel family the ops plan for the call here (the plan description's first word)."""
     major, minor = torch.cuda.get_device_capability()
     props = torch.cuda.get_device_properties(0)
     built = psa_fa2_ext.build_info()["cuda_kernels"]
     device = (major, minor, props.multi_processor_count,
               getattr(props, "shared_memory_per_block_optin", 227 * 1024),
               (major, minor) == (9, 0) and "wgmma" in built, True)
-    description = _plan.plan(direction, q, k, v, device=device, force=force)[0]
-    return " ".join(description.split()[:1]) if not description.startswith("blockwise") \
-        else "blockwise"
+    return _plan.plan(direction, q, k, v, device=device, force=force)[0].split()[0]
 
 
 def main():
@@ -81,14 +86,14 @@ def main():
     for name in args.dtypes:
         for dk, dv in args.head_dims:
             for B, H, N in args.shapes:
-                q, k, v, dout = channel_first_inputs(B, H, N, dk, dv, DTYPES[name])
-                t = {c: times_us(q, k, v, dout, f) for c, f in configs.items()}
+                q, k, v, dout, grads = channel_first_inputs(B, H, N, dk, dv, DTYPES[name])
+                t = {c: times_us(q, k, v, dout, grads, f) for c, f in configs.items()}
                 for i, direction in enumerate(("fwd", "bwd")):
                     d, m, s = (t[c][i] for c in configs)
                     print(f"| {name} | {dk}×{dv} | {B}×{H}×{N} | {direction} | {d:.1f} | {m:.1f} "
                           f"| {s:.1f} | {s / m:.2f} | {s / d:.2f} "
                           f"| {kernel_name(direction, q, k, v, small)} |", flush=True)
-                del q, k, v, dout
+                del q, k, v, dout, grads
                 torch.cuda.empty_cache()
 
 

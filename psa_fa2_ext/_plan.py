@@ -90,7 +90,11 @@ def plan(direction, q, k, v, *, device, impl="auto", deterministic=False, allow_
     if direction == "bwd":
         shared = q._base is not None and q._base is k._base and k._base is v._base
         if shared:
+            # One qkv-shaped buffer, whatever the base's own shape ([B, H*C, N], [B, C, h, w],
+            # ...), seen as [B, H, C, N] (area views: [B * H, 1, C, N]).
             grad = torch.empty(q._base.shape, dtype=q.dtype, device="meta")
+            grad = grad.view(batch, heads, -1, seqlen) if area == 1 else \
+                grad.view(batch, 1, -1, seqlen * area)
             dq, dk_, dv_ = (area_views(x, area) if area > 1 else x.transpose(2, 3)
                             for x in grad.split([dk, dk, dv], dim=2))
         else:
