@@ -96,16 +96,14 @@ def extension():
         # own dependencies, to the OpenMP runtime torch ships, so one thread pool serves both.
         cxx_flags.append("-fopenmp")
     if not WITH_CUDA:
+        sources.append("csrc/build_cpu_only.cpp")  # build_facts.h without CUDA kernels
         return CppExtension("psa_fa2_ext._C", sources, define_macros=define_macros,
                             extra_compile_args={"cxx": cxx_flags})
     archs = cuda_arch_list()
     sources += [f for f in sorted(glob.glob("csrc/cuda/*.cpp")) if f not in sources]
     sources += sorted(glob.glob("csrc/cuda/*.cu")) + sorted(glob.glob("csrc/cuda/kernels/*.cu"))
     sources += sorted(glob.glob("csrc/cuda/instances/*.cu"))
-    define_macros += [("PSA_FA2_WITH_CUDA", None), ("PSA_FA2_CUDA_ARCHS", f'"{archs}"')]
-    if any(a.split("+")[0] == "9.0a" for a in archs.replace(" ", ";").split(";")):
-        # The Hopper kernels are built (their bodies exist in the sm_90a code only).
-        define_macros.append(("PSA_FA2_WITH_SM90A", None))
+    define_macros.append(("PSA_FA2_CUDA_ARCHS", f'"{archs}"'))  # read by device_desc.cpp alone
     # Only the .cpp bindings include torch's CUDA headers; the .cu kernels need none.
     cxx_flags += [f"-idirafter{d}" for d in nvidia_wheel_includes()]
     nvcc_flags = [

@@ -1,6 +1,6 @@
-// Operator schemas (defined once) and the compiled module's build facts.
+// Operator schemas (defined once) and the compiled module's bindings.
 // Kernels register themselves per dispatch key beside their code:
-// cpu/attention_cpu.cpp (CPU), cuda/attention_cuda.cpp (CUDA), and psa_attention.cpp
+// cpu/attention_cpu.cpp (CPU), cuda/launch.cpp (CUDA), and autograd/psa_attention.cpp
 // (psa_attention's and attention's autograd, device-agnostic).
 #include <Python.h>
 #include <torch/library.h>
@@ -14,26 +14,11 @@
 #include <tuple>
 #include <vector>
 
+#include "build_facts.h"
 #include "cpu/tile_math.h"
 #include "cuda/grid_chunks.h"
 #include "cuda/instances/registry.h"
 #include "cuda/plan.h"
-
-#ifndef PSA_FA2_VERSION
-#define PSA_FA2_VERSION "0.0.0"
-#endif
-#ifndef PSA_FA2_TORCH_VERSION
-#define PSA_FA2_TORCH_VERSION "unknown"
-#endif
-#ifdef PSA_FA2_WITH_CUDA
-#include <cuda_runtime_api.h>
-
-#include "cuda/device_desc.h"
-namespace psa_fa2 {
-void set_plan_overrides(const PlanOverrides& overrides);  // cuda/launch.cpp
-bool current_device_runs_kernels();                       // cuda/launch.cpp
-}
-#endif
 
 TORCH_LIBRARY(psa_fa2, m) {
   // q, k: [B, H, N, dk]; v: [B, H, N, dv]; token-major (stride(-1) == 1) or channel-first
@@ -64,20 +49,12 @@ pybind11::dict build_info() {
   pybind11::dict info;
   info["version"] = PSA_FA2_VERSION;
   info["torch_version"] = PSA_FA2_TORCH_VERSION;
-#ifdef PSA_FA2_WITH_CUDA
-  info["cuda"] = true;
-  info["cuda_version"] = std::to_string(CUDART_VERSION / 1000) + "." +
-                         std::to_string((CUDART_VERSION % 1000) / 10);
-  info["cuda_archs"] = std::string(psa_fa2::built_cuda_archs());
-  std::vector<std::string> kernels{"reference", "mma.sync", "ffma", "tf32"};
-  if (psa_fa2::built_sm90a_kernels()) kernels.push_back("wgmma");
-  info["cuda_kernels"] = kernels;
-#else
-  info["cuda"] = false;
-  info["cuda_version"] = pybind11::none();
-  info["cuda_archs"] = "";
-  info["cuda_kernels"] = std::vector<std::string>{};
-#endif
+  const psa_fa2::BuildFacts facts = psa_fa2::build_facts();
+  info["cuda"] = facts.cuda;
+  info["cuda_version"] = facts.cuda ? pybind11::object(pybind11::str(facts.cuda_version))
+                                    : pybind11::object(pybind11::none());
+  info["cuda_archs"] = facts.cuda_archs;
+  info["cuda_kernels"] = facts.cuda_kernels;
   // Which copy of the CPU tile math this CPU runs (cpu/tile_math.h).
   info["cpu_isa"] = std::string(psa_fa2::cpu::tile_math_isa());
   return info;
@@ -214,10 +191,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_force_cpu_isa", [](const std::string& isa) { psa_fa2::cpu::force_tile_math(isa.c_str()); },
         "Tests only: run the CPU tile math's \"avx2\" or \"baseline\" copy, or \"auto\".");
   m.def("_plan", &plan_call, "The plan of a described call on a described device (cuda/plan.h).");
-#ifdef PSA_FA2_WITH_CUDA
   m.def("_force", [](const pybind11::dict& d) { psa_fa2::set_plan_overrides(overrides_from(d)); },
         "Tests only: plan the CUDA ops' calls with these overrides ({} for none).");
   m.def("_current_device_runs_kernels", &psa_fa2::current_device_runs_kernels,
         "Whether the current GPU runs this build's kernels (else calls run blockwise).");
-#endif
 }

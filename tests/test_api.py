@@ -105,13 +105,15 @@ def test_opcheck_bwd(device, layout, accumulate):
                           (dout, q, k, v, out, lse, 0.35, dq, dk, dv, "auto", False, accumulate))
 
 
-def test_torch_compile_fullgraph():
-    """fake kernels + autograd registration let torch.compile trace forward and backward."""
+@pytest.mark.parametrize("area", [1, 4])
+def test_torch_compile_fullgraph(area):
+    """fake kernels + autograd registration let torch.compile trace forward and backward; with
+    an area, on the area views psa_attention makes."""
     def step(x):
-        q, k, v = x.view(2, 2, 128, 25).split([32, 32, 64], dim=2)
-        return psa_fa2_ext.psa_attention(q, k, v).square().sum()
+        q, k, v = x.view(2, 2, 128, 40).split([32, 32, 64], dim=2)
+        return psa_fa2_ext.psa_attention(q, k, v, area=area).square().sum()
 
-    x = torch.randn(2, 256, 5, 5, requires_grad=True)
+    x = torch.randn(2, 256, 5, 8, requires_grad=True)
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     loss = compiled(x)
     (dx,) = torch.autograd.grad(loss, x)

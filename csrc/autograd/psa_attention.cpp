@@ -269,16 +269,21 @@ std::optional<SplitDims> split_of(const at::Tensor& q, const at::Tensor& k, cons
   return d;
 }
 
+// psa_attention's result without gradients, on checked inputs.
+at::Tensor block_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           double scale, const std::string& impl, int64_t area) {
+  auto [qt, kt, vt] = operator_inputs(tokens_by_dims(area_views(q, area)),
+                                      tokens_by_dims(area_views(k, area)),
+                                      tokens_by_dims(area_views(v, area)), Layout::kChannelFirst);
+  return block_output(std::get<0>(call_fwd(qt, kt, vt, scale, impl)), q.size(0), q.size(1), area);
+}
+
 // Below autograd (inference mode, or a caller that already handles gradients).
 at::Tensor psa_attention_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                  double scale, c10::string_view impl, int64_t area) {
   check_block_inputs(q, k, v);
   check_area(q, k, v, area);
-  auto [qt, kt, vt] = operator_inputs(tokens_by_dims(area_views(q, area)),
-                                      tokens_by_dims(area_views(k, area)),
-                                      tokens_by_dims(area_views(v, area)), Layout::kChannelFirst);
-  return block_output(std::get<0>(call_fwd(qt, kt, vt, scale, std::string(impl))), q.size(0),
-                      q.size(1), area);
+  return block_attention(q, k, v, scale, std::string(impl), area);
 }
 
 at::Tensor psa_attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -298,9 +303,9 @@ at::Tensor psa_attention_autograd(const at::Tensor& q, const at::Tensor& k, cons
       return SplitQKV::apply(at::cat({q, k, v}, 2), d, scale, impl_name);
     }
   }
-  if (area > 1) {
+  if (area > 1) {  // no gradient to take
     at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return psa_attention_forward(q, k, v, scale, impl, area);
+    return block_attention(q, k, v, scale, impl_name, area);
   }
   return SeparateQKV<Operands::kBlockViews>::apply(q, k, v, scale, impl_name);
 }

@@ -2,9 +2,13 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
+
+#include "../build_facts.h"
 
 namespace psa_fa2 {
 namespace {
@@ -33,12 +37,32 @@ DeviceDesc query(int device) {
 
 const char* built_cuda_archs() { return PSA_FA2_CUDA_ARCHS; }
 
+// Whether the arch list names 9.0a (alone or as 9.0a+PTX): nvcc then made the wgmma kernels'
+// sm_90a code, the only code of theirs with a body.
 bool built_sm90a_kernels() {
-#if defined(PSA_FA2_WITH_SM90A)
-  return true;
-#else
-  return false;
-#endif
+  static const bool built = [] {
+    const std::string archs = built_cuda_archs();
+    size_t begin = 0;
+    while (begin <= archs.size()) {
+      const size_t end = std::min(archs.find_first_of("; ", begin), archs.size());
+      const std::string arch = archs.substr(begin, end - begin);
+      if (arch.substr(0, arch.find('+')) == "9.0a") return true;
+      begin = end + 1;
+    }
+    return false;
+  }();
+  return built;
+}
+
+BuildFacts build_facts() {
+  BuildFacts facts;
+  facts.cuda = true;
+  facts.cuda_version =
+      std::to_string(CUDART_VERSION / 1000) + "." + std::to_string((CUDART_VERSION % 1000) / 10);
+  facts.cuda_archs = built_cuda_archs();
+  facts.cuda_kernels = {"reference", "mma.sync", "ffma", "tf32"};
+  if (built_sm90a_kernels()) facts.cuda_kernels.push_back("wgmma");
+  return facts;
 }
 
 DeviceDesc current_device_desc() {

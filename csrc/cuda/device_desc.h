@@ -11,8 +11,8 @@ namespace psa_fa2 {
 // Ampere runs instead). Cached per device.
 DeviceDesc current_device_desc();
 
-// What setup.py built: its CUDA arch list, and whether that has sm_90a code (the wgmma
-// kernels). The one place that reads setup.py's build macros for the CUDA code.
+// What setup.py built: its CUDA arch list (the one place that reads setup.py's
+// PSA_FA2_CUDA_ARCHS), and whether that has sm_90a code (the wgmma kernels).
 const char* built_cuda_archs();
 bool built_sm90a_kernels();
 

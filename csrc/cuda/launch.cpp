@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "../blockwise_attention.h"
+#include "../build_facts.h"
 #include "../checks.h"
 #include "aligned_rows.h"
 #include "device_desc.h"
