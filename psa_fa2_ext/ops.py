@@ -263,8 +263,9 @@ def psa_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, *
     # the area views psa_attention.cpp makes ([B * H, area, D, N / area]).
     B, H, _, N = q.shape
     if area > 1:
-        torch._check(N % area == 0, lambda: f"psa_attention: area = {area} must divide the "
-                                            f"sequence length N = {N}")
+        # Dynamo takes a message closure over constants only, and N may be symbolic.
+        message = f"psa_attention: area = {area} must divide the sequence length N"
+        torch._check(N % area == 0, lambda: message)
         q, k, v = (t.flatten(0, 1).unflatten(2, (area, N // area)).transpose(1, 2)
                    for t in (q, k, v))
     qt, kt, vt = q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)
