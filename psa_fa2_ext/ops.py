@@ -263,9 +263,11 @@ def psa_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, *
     # the area views psa_attention.cpp makes ([B * H, area, D, N / area]).
     B, H, _, N = q.shape
     if area > 1:
-        # Dynamo takes a message closure over constants only, and N may be symbolic.
-        message = f"psa_attention: area = {area} must divide the sequence length N"
-        torch._check(N % area == 0, lambda: message)
+        # Dynamo takes a message closure over constants only, and both N and area may be
+        # symbolic (torch 2.11 makes an int argument that changes between calls symbolic), so
+        # the message names no values; the eager path's C++ check does.
+        torch._check(N % area == 0,
+                     lambda: "psa_attention: area must divide the sequence length N (q.shape[3])")
         q, k, v = (t.flatten(0, 1).unflatten(2, (area, N // area)).transpose(1, 2)
                    for t in (q, k, v))
     qt, kt, vt = q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)
