@@ -105,6 +105,27 @@ def test_opcheck_bwd(device, layout, accumulate):
                           (dout, q, k, v, out, lse, 0.35, dq, dk, dv, "auto", False, accumulate))
 
 
+def test_torch_compile_with_the_area_as_an_argument():
+    """area as an argument of the compiled function, compiled with dynamic=True: torch 2.11 /
+    2.13 trace it as a symbolic int (as they do an int that changed between calls), which the
+    traced path must take wherever it uses the area (it once formatted it into a message,
+    which Dynamo refused)."""
+    def step(x, area):
+        q, k, v = x.view(2, 2, 128, 40).split([32, 32, 64], dim=2)
+        return psa_fa2_ext.psa_attention(q, k, v, area=area).square().sum()
+
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager", dynamic=True)
+    for area in (4, 2, 8):
+        x = torch.randn(2, 256, 5, 8, requires_grad=True)
+        loss = compiled(x, area)
+        (dx,) = torch.autograd.grad(loss, x)
+        x2 = x.detach().requires_grad_()
+        loss2 = step(x2, area)
+        (dx2,) = torch.autograd.grad(loss2, x2)
+        torch.testing.assert_close(loss, loss2)
+        torch.testing.assert_close(dx, dx2)
+
+
 @pytest.mark.parametrize("area", [1, 4])
 def test_torch_compile_fullgraph(area):
     """fake kernels + autograd registration let torch.compile trace forward and backward; with
