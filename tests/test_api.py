@@ -404,13 +404,14 @@ def test_psa_attention_training_step_in_a_cuda_graph(deterministic):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_attention_on_head_views_of_a_projection(device, dtype):
-    """AIFI's / nn.MultiheadAttention's operands: [B, N, H, D] head views of one projection.
-    The result comes in the same order (its reshape to [B, N, C] is a view), and values and
-    gradients are float64 eager's to the dtype's tolerance, on the fast kernels where there
-    are some."""
-    B, N, H, D = 2, 401, 8, 32
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("D", [32, 48], ids=["rtdetr_l", "rtdetr_x"])
+def test_attention_on_head_views_of_a_projection(device, dtype, D):
+    """AIFI's / nn.MultiheadAttention's operands: [B, N, H, D] head views of one projection,
+    at RT-DETR-l's head dim 32 and RT-DETR-x's 48 (which no fast CUDA kernel has: the
+    reference kernel there). The result comes in the same order (its reshape to [B, N, C] is
+    a view), and values and gradients are float64 eager's to the dtype's tolerance."""
+    B, N, H = 2, 401, 8
     x = torch.randn(B, N, 3 * H * D, dtype=dtype, device=device, requires_grad=True)
     q, k, v = (t.view(B, N, H, D).transpose(1, 2) for t in x.split(H * D, dim=-1))
     out = psa_fa2_ext.attention(q, k, v)
