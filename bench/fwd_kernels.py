@@ -1,9 +1,10 @@
 """The two bf16 / fp16 forward kernels side by side on a Hopper GPU: the wgmma one
 (csrc/cuda/kernels/fwd_sm90.cuh, the default there) and the mma.sync one that other GPUs run
-(forced with psa_fa2_ext._testing.force(no_sm90=True)), on the benchmark's shapes, (32, 64),
-channel-first (the PSA views) or token-major.
+(forced with psa_fa2_ext._testing.force(no_sm90=True)), on the benchmark's shapes, (32, 64)
+or (with --dv 32) YOLO12's (32, 32), channel-first (the block's views) or token-major.
 
     python bench/fwd_kernels.py [--dtypes bf16 fp16] [--shapes 16x4x400 ...] [--layouts cf tm]
+                                [--dv 64|32]
 
 Kernel time as in bwd_schedules.py (median of CUDA-graph replays, device time only), and the
 largest difference between the two outputs. Prints a markdown table.
@@ -15,7 +16,7 @@ import itertools
 import torch
 
 import psa_fa2_ext  # noqa: F401  (registers torch.ops.psa_fa2)
-from bwd_schedules import DTYPES, SHAPES, graph_time_us, mma_sync_kernels, parse_shape
+from bwd_schedules import DTYPES, SHAPES, graph_time_us, mma_sync_kernels, parse_shape, runs_wgmma
 
 
 def forward_time_us(q, k, v, disable_sm90):
@@ -30,12 +31,15 @@ def main():
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["bf16"])
     parser.add_argument("--shapes", nargs="+", type=parse_shape, default=SHAPES, metavar="BxHxN")
     parser.add_argument("--layouts", nargs="+", choices=["cf", "tm"], default=["cf"])
+    parser.add_argument("--dv", type=int, choices=[64, 32], default=64, help="dk is 32")
     args = parser.parse_args()
     if torch.cuda.get_device_capability() != (9, 0):
         raise SystemExit("the wgmma forward runs on compute capability 9.0 (Hopper) only")
     if "wgmma" not in psa_fa2_ext.build_info()["cuda_kernels"]:
         raise SystemExit("this build has no wgmma forward (build for TORCH_CUDA_ARCH_LIST=9.0a)")
-    dk, dv = 32, 64
+    dk, dv = 32, args.dv
+    if not runs_wgmma(dk, dv, "fwd"):
+        raise SystemExit(f"this build has no wgmma forward at ({dk}, {dv})")
     print(f"{torch.cuda.get_device_name()}, ({dk}, {dv})\n")
     print("| dtype | layout | B,H,N | wgmma us | mma.sync us | speed-up | TFLOP/s (wgmma) "
           "| max abs diff |")
