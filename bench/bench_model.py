@@ -4,7 +4,8 @@ YOLO12 (area attention) and RT-DETR (AIFI) by name (``--models yolo12n rtdetr-l`
 For each model (random weights from the yaml, nothing downloaded):
 - one AMP training step (fp16 autocast + GradScaler, channels_last, forward +
   Ultralytics' detection loss + backward + SGD step, as their trainer does) at each
-  --train-sizes;
+  --train-sizes, and the attention blocks' part of it: each block's forward + backward timed
+  alone on the inputs it got in a step (hooks capture them), summed;
 - fp16 inference (BN fused, batch 1, as Ultralytics' predictor runs) at each --sizes.
 Each run is timed (median of CUDA-event timings after warm-up) and its peak allocated
 memory recorded, eager and patched in the same process. An eager run that runs out of
@@ -168,6 +169,51 @@ def _measure_cpu(fn, model, warmup: int, iters: int) -> dict:
                 peak_rss_mib=None if peak is None else round(peak / 2**20, 1))
 
 
+def _blocks_train_ms(model, step, device, amp, warmup, iters) -> float:
+    """Forward + backward of the attention blocks alone, each on the inputs (and keyword
+    arguments) it got in one training step, under the step's autocast: the sum of their
+    median times, ms. That is the part of the step the patch can change; set against the
+    step's time it gives attention's share (the rest of the step is the same code in both
+    modes). Timed alone, a block cannot overlap anything, and on one GPU stream nothing in the
+    step overlaps it either."""
+    captured = []
+
+    def grab(m, args, kwargs):
+        def leaf(a):
+            if not torch.is_tensor(a):
+                return a
+            a = a.detach().clone()
+            return a.requires_grad_() if a.is_floating_point() else a
+
+        captured.append((m, [leaf(a) for a in args], {k: leaf(v) for k, v in kwargs.items()}))
+
+    handles = [m.register_forward_pre_hook(grab, with_kwargs=True) for m in _attention_blocks(model)]
+    try:
+        step()
+    finally:
+        for h in handles:
+            h.remove()
+    total = 0.0
+    for m, args, kwargs in captured:
+        leaves = [a for a in list(args) + list(kwargs.values()) if torch.is_tensor(a) and a.requires_grad]
+
+        def forward():
+            with torch.autocast(device.type, dtype=torch.float16, enabled=amp):
+                out = m(*args, **kwargs)
+            return out[0] if isinstance(out, tuple) else out
+
+        grad = torch.randn_like(forward())
+
+        def block():
+            for a in leaves:
+                a.grad = None
+            forward().backward(grad)
+
+        total += _measure(block, device, warmup, iters)[0]
+    model.zero_grad(set_to_none=True)
+    return total
+
+
 def _model_name(name: str) -> str:
     """A YOLO11 scale (n, s, m, ...) or a full name (yolo12n, rtdetr-l, ...) -> the full name."""
     return f"yolo11{name}" if len(name) == 1 else name
@@ -181,6 +227,7 @@ def _build(name: str):
     cls = RTDETRDetectionModel if name.startswith("rtdetr") else DetectionModel
     model = cls(f"{name}.yaml", verbose=False)
     model.args = get_cfg()  # the loss reads its box/cls/dfl gains from here, as in training
+    model.nc = model.yaml["nc"]  # set by the trainer from the data; RT-DETR's loss reads it
     return model
 
 
@@ -216,7 +263,8 @@ def _train_run(base, mode, imgsz, bs, device, amp, warmup, iters):
         scaler.step(opt)
         scaler.update()
 
-    return _measure(step, device, warmup, iters)
+    ms, peak = _measure(step, device, warmup, iters)
+    return ms, peak, _blocks_train_ms(model, step, device, amp, warmup, iters)
 
 
 def _infer_run(base, mode, imgsz, device, dtype, warmup, iters):
@@ -293,9 +341,11 @@ def _run(job, fn, rows, device):
         res = fn()
         if isinstance(res, dict):  # CPU inference: its own columns
             row.update(status="ok", peak_mib=None, **res)
-        else:
-            ms, peak = res
+        else:  # (ms, peak MiB) or, for a training step, (ms, peak MiB, attention blocks' ms)
+            ms, peak = res[:2]
             row.update(status="ok", time_ms=round(ms, 3), peak_mib=None if peak is None else round(peak, 1))
+            if len(res) > 2:
+                row.update(attn_ms=round(res[2], 3))
     except Exception as e:  # noqa: BLE001 - one failed configuration must not end the run
         row.update(
             status="OOM" if _is_oom(e) else f"error: {type(e).__name__}: {str(e)[:200]}", time_ms=None, peak_mib=None
@@ -322,13 +372,20 @@ def _fmt(r, field):
         return "-"
     if r["status"] != "ok":
         return r["status"] if r["status"] == "OOM" else "error"
-    v = r[field]
+    v = r.get(field)
     return "n/a" if v is None else f"{v:,.1f}"
 
 
 def _ratio(a, b, field):
     if a and b and a["status"] == b["status"] == "ok" and a[field] and b[field]:
         return f"{a[field] / b[field]:.2f}x"
+    return "-"
+
+
+def _share(r):
+    """The attention blocks' share of a training step's time."""
+    if r and r["status"] == "ok" and r.get("attn_ms") is not None and r["time_ms"]:
+        return f"{r['attn_ms'] / r['time_ms']:.0%}"
     return "-"
 
 
@@ -357,14 +414,19 @@ def markdown(results: dict) -> str:
             "",
             f"## Training step ({meta['train_dtype']}, forward + loss + backward + SGD step)",
             "",
-            "| model | imgsz | batch | P5 N | eager ms | psa_fa2 ms | speedup | eager MiB | psa_fa2 MiB | memory |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "attn: the attention blocks' forward + backward, each timed alone on the inputs it got"
+            " in the step, summed; share: attn / step.",
+            "",
+            "| model | imgsz | batch | P5 N | eager ms | psa_fa2 ms | speedup | eager attn ms | psa_fa2 attn ms |"
+            " eager share | psa_fa2 share | eager MiB | psa_fa2 MiB | memory |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
     for (model, imgsz, bs), p in _pairs(results["train"], ("model", "imgsz", "batch")).items():
         e, f = p.get("eager"), p.get("psa_fa2")
         lines.append(
             f"| {model} | {imgsz} | {bs} | {(imgsz // 32) ** 2} | {_fmt(e, 'time_ms')} | {_fmt(f, 'time_ms')} | "
-            f"{_ratio(e, f, 'time_ms')} | {_fmt(e, 'peak_mib')} | {_fmt(f, 'peak_mib')} | {_ratio(e, f, 'peak_mib')} |"
+            f"{_ratio(e, f, 'time_ms')} | {_fmt(e, 'attn_ms')} | {_fmt(f, 'attn_ms')} | {_share(e)} | {_share(f)} | "
+            f"{_fmt(e, 'peak_mib')} | {_fmt(f, 'peak_mib')} | {_ratio(e, f, 'peak_mib')} |"
         )
     lines += ["", f"## Inference ({meta['infer_dtype']}, BN fused, batch 1)", ""]
     if cpu_rows:

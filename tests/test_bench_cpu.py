@@ -102,3 +102,21 @@ def test_block_peers_match_the_reference(block, shape):
                                 dout)()
         for x, want in zip(got, ref):
             torch.testing.assert_close(x.double(), want, rtol=0, atol=1e-5, msg=name)
+
+
+def test_model_training_step_reports_the_attention_blocks_share(tmp_path):
+    """bench_model.py's training step (on the CPU where no GPU is visible): each model's attention blocks, timed alone on
+    the inputs they got in a step, take some but not all of the step's time, eager and
+    patched (RT-DETR's loss needs the class count the trainer would set)."""
+    pytest.importorskip("ultralytics")
+    import bench_model
+
+    results = bench_model.main(["--models", "yolo12n", "rtdetr-l", "--sizes", "64",
+                                "--train-sizes", "64", "--train-batch", "2", "--iters", "1",
+                                "--warmup", "1", "--no-plots", "--out", str(tmp_path)])
+    assert len(results["train"]) == 4
+    for row in results["train"]:
+        assert row["status"] == "ok", row
+        assert 0 < row["attn_ms"] < row["time_ms"], row
+    (report,) = tmp_path.glob("bench_model_*.md")  # _cpu, or _cuda where a GPU is visible
+    assert "eager share" in report.read_text()
