@@ -1,5 +1,6 @@
-"""A patched ``YOLO`` object through Ultralytics' own flow on the CPU: train -> val -> predict
--> export, counting how many times the patched blocks run our kernel in each step.
+"""A patched ``YOLO`` (or ``RTDETR``) object through Ultralytics' own flow on the CPU: train ->
+val -> predict -> export, counting how many times the patched blocks run our kernel in each
+step; for YOLO11 (``Attention``), YOLO12 (``AAttn``) and RT-DETR (``AIFI``).
 
 Ultralytics replaces the model more than once along the way: the trainer builds its own model
 and EMA, its final validation loads the best checkpoint from disk, ``train()`` then reloads
@@ -14,7 +15,7 @@ import torch
 
 pytest.importorskip("ultralytics")
 
-from ultralytics import YOLO  # noqa: E402
+from ultralytics import RTDETR, YOLO  # noqa: E402
 
 import psa_fa2_ext.patch as patch_module  # noqa: E402
 from psa_fa2_ext.patch import is_patched, patch_ultralytics, unpatch_ultralytics  # noqa: E402
@@ -23,25 +24,34 @@ from tiny_yolo_data import make_tiny_dataset  # noqa: E402
 
 @pytest.fixture
 def kernel_calls(monkeypatch):
-    """Counts of our kernel's calls from patched blocks, by the phase named in calls["phase"]."""
+    """Counts of our kernel's calls from patched blocks (Attention, YOLO12's AAttn, RT-DETR's
+    AIFI attention), by the phase named in calls["phase"]."""
     calls = {"phase": None}
-    real = patch_module.attention_forward
 
-    def counting(module, x):
-        calls[calls["phase"]] = calls.get(calls["phase"], 0) + 1
-        return real(module, x)
+    def counting(real):
+        def forward(module, *args):
+            calls[calls["phase"]] = calls.get(calls["phase"], 0) + 1
+            return real(module, *args)
+        return forward
 
-    monkeypatch.setattr(patch_module, "attention_forward", counting)
+    for name in ("attention_forward", "aattn_forward", "mha_forward"):
+        monkeypatch.setattr(patch_module, name, counting(getattr(patch_module, name)))
     return calls
 
 
-def test_patch_holds_through_train_val_predict_export(tmp_path, kernel_calls):
+# (config, its attention blocks): YOLO11's one C2PSA Attention, YOLO12's AAttn blocks and
+# RT-DETR's AIFI (through Ultralytics' RTDETR class, with its own trainer and predictor).
+MODELS = [("yolo11n.yaml", 1), ("yolo12n.yaml", 8), ("rtdetr-l.yaml", 1)]
+
+
+@pytest.mark.parametrize("config,blocks", MODELS, ids=[c.removesuffix(".yaml") for c, _ in MODELS])
+def test_patch_holds_through_train_val_predict_export(tmp_path, kernel_calls, config, blocks):
     # Ultralytics' trainer reads its results back with polars, a dependency of its own that
     # an install without dependencies (as on an offline GPU machine) lacks.
     pytest.importorskip("polars", reason="Ultralytics' trainer needs polars")
     data = make_tiny_dataset(tmp_path / "data", n_train=4, n_val=2, size=64)
-    yolo = YOLO("yolo11n.yaml")
-    assert patch_ultralytics(yolo) == 1
+    yolo = (RTDETR if config.startswith("rtdetr") else YOLO)(config)
+    assert patch_ultralytics(yolo) == blocks
 
     validations = []  # one entry per validation run inside train(): epoch 1, then best.pt
 
@@ -72,18 +82,18 @@ def test_patch_holds_through_train_val_predict_export(tmp_path, kernel_calls):
     image = torch.rand(1, 3, 64, 64)
     kernel_calls["phase"] = "predict"
     yolo.predict(image, imgsz=64, device="cpu", verbose=False)
-    assert kernel_calls.get("predict", 0) == 1, kernel_calls
+    assert kernel_calls.get("predict", 0) == blocks, kernel_calls
 
     # The predictor made by that first predict() keeps its own copy of the model: unpatching
     # and patching the YOLO object must reach it.
-    assert unpatch_ultralytics(yolo) == 1
+    assert unpatch_ultralytics(yolo) == blocks
     kernel_calls["phase"] = "predict_unpatched"
     yolo.predict(image, imgsz=64, device="cpu", verbose=False)
     assert kernel_calls.get("predict_unpatched", 0) == 0, kernel_calls
-    assert patch_ultralytics(yolo) == 1
+    assert patch_ultralytics(yolo) == blocks
     kernel_calls["phase"] = "predict_patched_again"
     yolo.predict(image, imgsz=64, device="cpu", verbose=False)
-    assert kernel_calls.get("predict_patched_again", 0) == 1, kernel_calls
+    assert kernel_calls.get("predict_patched_again", 0) == blocks, kernel_calls
 
     # Export records Ultralytics' own forward: the exported graph has no psa_fa2 op (the
     # exporter's dry runs before tracing may run ours; they are not recorded).
