@@ -15,15 +15,24 @@ def area_eager(q, k, v, scale, area):
     return torch.cat([psa_attention_eager(a, b, c, scale) for a, b, c in runs], dim=3)
 
 
-def block_views(B, H, dk, dv, N, dtype, device, requires_grad=False):
-    """The conv output [B, H*(2dk+dv), N] and its q, k, v split views [B, H, D, N]."""
-    x = torch.randn(B, H * (2 * dk + dv), N, dtype=dtype, device=device)
+def block_views(B, H, dk, dv, N, dtype, device, requires_grad=False, channels_last=False):
+    """The conv output [B, H*(2dk+dv), N] and its q, k, v split views [B, H, D, N]; with
+    channels_last, a [B, H*(2dk+dv), h, w] conv output in that memory format (h w = N), as
+    Ultralytics' trainer and predictor make on CUDA, whose views are token-major with the heads
+    inside the tokens."""
+    if channels_last:
+        w = max(d for d in range(1, int(N ** 0.5) + 1) if N % d == 0)
+        x = torch.randn(B, H * (2 * dk + dv), N // w, w, dtype=dtype, device=device)
+        x = x.to(memory_format=torch.channels_last)
+    else:
+        x = torch.randn(B, H * (2 * dk + dv), N, dtype=dtype, device=device)
     x.requires_grad_(requires_grad)
     return (x, *x.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], dim=2))
 
 
-def check_area_attention(device, dtype, B, H, dk, dv, N, area, impl="auto"):
-    x, q, k, v = block_views(B, H, dk, dv, N, dtype, device, requires_grad=True)
+def check_area_attention(device, dtype, B, H, dk, dv, N, area, impl="auto", channels_last=False):
+    x, q, k, v = block_views(B, H, dk, dv, N, dtype, device, requires_grad=True,
+                             channels_last=channels_last)
     scale = dk ** -0.5
     if device == "cuda":
         poison_cuda_allocator(8 * B * H * N * (2 * dk + dv) * 8, device)
@@ -43,6 +52,8 @@ def check_area_attention(device, dtype, B, H, dk, dv, N, area, impl="auto"):
     same, dsame = eager_grads(dtype)
     assert_close_to_reference("out", out, ref, same, dtype)
     assert_close_to_reference("dqkv", dx, dref, dsame, dtype)
+    # The one gradient buffer is in the conv output's memory format.
+    assert dx.stride() == x.stride()
 
 
 SHAPES = [  # B, H, dk, dv, N, area
@@ -56,18 +67,26 @@ shapes = pytest.mark.parametrize("B, H, dk, dv, N, area", SHAPES,
                                  ids=["x".join(map(str, s)) for s in SHAPES])
 
 
+# The conv output contiguous, or channels_last (Ultralytics on CUDA): then the areas' runs
+# merge with the batch instead of the heads, still read in place.
+memory_formats = pytest.mark.parametrize("channels_last", [False, True],
+                                         ids=["contiguous", "channels_last"])
+
+
 @shapes
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
-def test_area_attention_cpu(B, H, dk, dv, N, area, dtype):
-    check_area_attention("cpu", dtype, B, H, dk, dv, N, area)
+@memory_formats
+def test_area_attention_cpu(B, H, dk, dv, N, area, dtype, channels_last):
+    check_area_attention("cpu", dtype, B, H, dk, dv, N, area, channels_last=channels_last)
 
 
 @requires_cuda
 @shapes
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize("impl", ["auto", "reference"])
-def test_area_attention_cuda(B, H, dk, dv, N, area, dtype, impl):
-    check_area_attention("cuda", dtype, B, H, dk, dv, N, area, impl)
+@memory_formats
+def test_area_attention_cuda(B, H, dk, dv, N, area, dtype, impl, channels_last):
+    check_area_attention("cuda", dtype, B, H, dk, dv, N, area, impl, channels_last)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -3,8 +3,8 @@ and the same gradients.
 
 - C++ (psa_attention.cpp, under csrc/): the Autograd-key kernels of
   torch.ops.psa_fa2.psa_attention and torch.ops.psa_fa2.attention. Their nodes are SeparateQKV
-  (any q, k, v) and SplitQKV (q, k, v exactly the split views of one contiguous
-  [B, H * (2dk + dv), N] tensor: it writes that tensor's gradient in one buffer). Reached by
+  (any q, k, v) and SplitQKV (q, k, v exactly the split views of one [B, H * (2dk + dv), ...]
+  tensor, contiguous or channels_last: it writes that tensor's gradient in one buffer). Reached by
   calling psa_fa2_ext.psa_attention or psa_fa2_ext.attention eagerly: outside torch.compile
   the wrappers call those ops. The tests check the output's grad_fn names the node they mean.
 - Python (psa_fa2_ext/ops.py): torch.library.register_autograd("psa_fa2::fwd", ...), the fwd
@@ -151,8 +151,9 @@ def test_cpp_and_python_autograd_agree(api, inputs, layout, dtype, scale):
     g = torch.randn(shape, generator=torch.Generator().manual_seed(1), dtype=dtype)
 
     out, grads, node = run_cpp(api, inputs, layout, leaves, scale, g)
-    # The block's contiguous split views take the node that writes one qkv gradient.
-    one_buffer = api == "psa_attention" and inputs == "split_views" and layout == "channel_first"
+    # The block's split views (of a contiguous conv output, or of a channels_last one) take the
+    # node that writes one qkv gradient.
+    one_buffer = api == "psa_attention" and inputs == "split_views"
     assert ("SplitQKV" if one_buffer else "SeparateQKV") in node, node
     cpp = (out, grads)
 

@@ -7,15 +7,20 @@
 // and the gradient buffers in C++ leaves one dispatcher call from Python per step and one
 // C++ node in the backward graph.
 //
-// When q, k and v are exactly the split views of one contiguous tensor (the block's
-// `qkv.view(B, H, 2*dk + dv, N).split(...)`), the node is attached to that tensor and the
-// backward writes its gradient in one buffer: no per-view gradients for autograd to cat.
+// When q, k and v are exactly the split views of one tensor (the block's
+// `qkv.view(B, H, 2*dk + dv, N).split(...)`, of a contiguous conv output or of a channels_last
+// one, which Ultralytics' trainer and predictor make on CUDA), the node is attached to that
+// tensor and the backward writes its gradient in one buffer, in the tensor's own memory
+// format: no per-view gradients for autograd to cat.
 //
 // psa_attention's `area` (YOLO12's area attention) restricts attention to `area` equal runs
-// of N. The operators see area views: a [B, H, D, N] block view as [B * H, area, D, N / area],
-// one "head" per run, read in place wherever (b, h) merge into one index (the block's views
-// do), and the forward lays out its output so that the block's [B, H, dv, N] is a view of it
-// (layout.h: empty_output_like).
+// of N. The operators see area views of the [B, H, D, N] block views, read in place:
+// - [B * H, area, D, N / area], one "head" per run, where (b, h) merge into one index (the
+//   views of a contiguous conv output); the forward lays out its output so that the block's
+//   [B, H, dv, N] is a view of it (layout.h: empty_output_like);
+// - [B * area, H, D, N / area], the runs in the batch, where (b, run) merge instead (the
+//   views of a channels_last conv output, whose tokens hold the heads): Ultralytics' own
+//   reshape to [B * area, N / area, 3C], without its copy.
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
@@ -65,17 +70,35 @@ void call_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
 // [B, H, D, N] (the block's view) as the operators' logical [B, H, N, D].
 at::Tensor tokens_by_dims(const at::Tensor& t) { return t.transpose(2, 3); }
 
-// A block view [B, H, D, N] as its area views [B * H, area, D, N / area] (itself for area 1):
-// views where (b, h) merge, a copy otherwise.
-at::Tensor area_views(const at::Tensor& t, int64_t area) {
-  if (area == 1) return t;
-  return t.flatten(0, 1).unflatten(2, {area, t.size(3) / area}).transpose(1, 2);
+// Where the runs of an area go in the operators' [batch, heads] (area > 1).
+enum class AreaRuns {
+  kAsHeads,  // [B * H, area, D, N / area]
+  kInBatch,  // [B * area, H, D, N / area]
+};
+
+// The area views that block view t ([B, H, D, N]) makes without a copy: runs as heads where
+// (b, h) merge, else runs in the batch where (b, run) merge, else runs as heads on a copy.
+AreaRuns area_runs_of(const at::Tensor& t) {
+  const bool bh_merge = t.size(0) == 1 || t.size(1) == 1 || t.stride(0) == t.size(1) * t.stride(1);
+  if (!bh_merge && t.stride(0) == t.size(3) * t.stride(3)) return AreaRuns::kInBatch;
+  return AreaRuns::kAsHeads;
 }
 
-// The inverse for a result of area views: [B * H, area, dv, N / area] -> [B, H, dv, N], a view
-// of the forward's output (empty_output_like), copied only where it has other strides.
-at::Tensor from_area_views(const at::Tensor& t, int64_t B, int64_t H, int64_t area) {
+// A block view [B, H, D, N] as its area views (itself for area 1): views where the dims that
+// `runs` merges do, a copy otherwise.
+at::Tensor area_views(const at::Tensor& t, int64_t area, AreaRuns runs) {
   if (area == 1) return t;
+  const int64_t run = t.size(3) / area;
+  if (runs == AreaRuns::kInBatch) return t.unflatten(3, {area, run}).permute({0, 3, 1, 2, 4}).flatten(0, 1);
+  return t.flatten(0, 1).unflatten(2, {area, run}).transpose(1, 2);
+}
+
+// The inverse for a result of area views: -> [B, H, dv, N], a view of the forward's output
+// (empty_output_like), copied only where it has other strides.
+at::Tensor from_area_views(const at::Tensor& t, int64_t B, int64_t H, int64_t area, AreaRuns runs) {
+  if (area == 1) return t;
+  if (runs == AreaRuns::kInBatch)
+    return t.unflatten(0, {B, area}).permute({0, 2, 3, 1, 4}).reshape({B, H, t.size(2), t.size(3) * area});
   return t.transpose(1, 2).reshape({B, H, t.size(2), t.size(3) * area});
 }
 
@@ -99,8 +122,9 @@ void check_area(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, i
 // one (channels_last inputs) is copied once. Detached from out's view chain, so autograd
 // treats it as the op's own output; it still shares out's version counter, so modifying
 // it in place before the backward (which reads out) is reported, as for SDPA.
-at::Tensor block_output(const at::Tensor& out, int64_t B, int64_t H, int64_t area) {
-  return from_area_views(tokens_by_dims(out), B, H, area).contiguous().detach();
+at::Tensor block_output(const at::Tensor& out, int64_t B, int64_t H, int64_t area,
+                        AreaRuns runs = AreaRuns::kAsHeads) {
+  return from_area_views(tokens_by_dims(out), B, H, area, runs).contiguous().detach();
 }
 
 // q, k, v ([B, H, N, D]) in one layout: as they are when they share one, else copied to
@@ -174,16 +198,31 @@ struct SeparateQKV : public torch::autograd::Function<SeparateQKV<kOperands>> {
 struct SplitDims {
   int64_t B, H, dk, dv, N;
   int64_t area = 1;
+  // kChannelFirst: base is [B, H*(2dk+dv), ...] contiguous (N innermost); kTokenMajor: the
+  // same channels_last, [B, N, H*(2dk+dv)] in memory (the heads inside the tokens).
+  Layout layout = Layout::kChannelFirst;
   int64_t channels() const { return 2 * dk + dv; }
+  // The area views' runs: as heads channel-first, in the batch token-major (where each
+  // merges with b).
+  AreaRuns runs() const {
+    return layout == Layout::kChannelFirst ? AreaRuns::kAsHeads : AreaRuns::kInBatch;
+  }
 };
 
-// [B, H, N, D] views of q, k and v inside `base` ([B, H*(2dk+dv), ...] contiguous), as the
-// operators' area views ([B * H, area, N / area, D]) for area > 1: one as_strided each (view +
-// narrow + transpose would be three ops, on the step's host path).
+// [B, H, N, D] views of q, k and v inside `base`, as the operators' area views for area > 1:
+// one as_strided each (view + narrow + transpose would be three ops, on the step's host path).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> split_views(const at::Tensor& base,
                                                            const SplitDims& d) {
   const int64_t C = d.channels(), offset = base.storage_offset(), run = d.N / d.area;
   auto part = [&](int64_t channel0, int64_t channels) {
+    if (d.layout == Layout::kTokenMajor) {  // element (b, n, h, c) at ((b N + n) H + h) C + c
+      const int64_t token = d.H * C;
+      if (d.area == 1)
+        return base.as_strided({d.B, d.H, d.N, channels}, {d.N * token, C, token, 1},
+                               offset + channel0);
+      return base.as_strided({d.B * d.area, d.H, run, channels}, {run * token, C, token, 1},
+                             offset + channel0);
+    }
     if (d.area == 1)
       return base.as_strided({d.B, d.H, d.N, channels}, {d.H * C * d.N, C * d.N, 1, d.N},
                              offset + channel0 * d.N);
@@ -198,25 +237,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> split_views(const at::Tensor& bas
 // This is the training step's path at the shipped shapes, where the host's time is the step's
 // time, so it makes no more ATen calls than it must: the views that only carry operands to the
 // kernels are made below the ADInplaceOrView key (no view tracking; they never reach the
-// user), and the result, [B, H, dv, N] contiguous, is the channel-first `out` itself seen
-// transposed, saved as the node's output and seen transposed again in the backward (saving an
-// output keeps its in-place modification an error, as for `block_output`).
+// user). The result is [B, H, dv, N] contiguous. Channel-first, that is the operator's `out`
+// itself seen transposed, saved as the node's output and seen transposed again in the
+// backward (saving an output keeps its in-place modification an error, as for
+// `block_output`). Token-major (a channels_last base), `out` holds the heads inside the
+// tokens, and the result is its one copy; the backward reads `out` itself, and takes dout in
+// its layout.
 struct SplitQKV : public torch::autograd::Function<SplitQKV> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& base, SplitDims d, double scale,
                             const std::string& impl) {
-    at::Tensor result, lse;
+    at::Tensor result, lse, out_block;
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       auto [q, k, v] = split_views(base, d);
       at::Tensor out;
       std::tie(out, lse) = call_fwd(q, k, v, scale, impl);
-      // The views are channel-first (or token-major only where that is the same memory: N or
-      // both head dims 1), and so is out: its transpose is contiguous, and so is the block's
-      // view of area views' out.
-      result = from_area_views(tokens_by_dims(out), d.B, d.H, d.area);
+      // Channel-first views give a channel-first out (or a token-major one only where that is
+      // the same memory: N or both head dims 1): its transpose is contiguous, and so is the
+      // block's view of area views' out.
+      out_block = from_area_views(tokens_by_dims(out), d.B, d.H, d.area, d.runs());
     }
-    ctx->save_for_backward({base, lse, result});
-    ctx->saved_data["dims"] = std::vector<int64_t>{d.B, d.H, d.dk, d.dv, d.N, d.area};
+    if (d.layout == Layout::kTokenMajor) {
+      result = out_block.contiguous();
+      ctx->save_for_backward({base, lse, out_block});
+    } else {
+      result = out_block;
+      ctx->save_for_backward({base, lse, result});
+    }
+    ctx->saved_data["dims"] =
+        std::vector<int64_t>{d.B, d.H, d.dk, d.dv, d.N, d.area, static_cast<int64_t>(d.layout)};
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["impl"] = impl;
     return result;
@@ -226,17 +275,21 @@ struct SplitQKV : public torch::autograd::Function<SplitQKV> {
     check_not_double_backward("psa_attention");
     if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &base = saved[0], &lse = saved[1], &result = saved[2];
+    const at::Tensor &base = saved[0], &lse = saved[1], &out_block = saved[2];
     const auto dims = ctx->saved_data["dims"].toIntVector();
-    const SplitDims d{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]};
-    at::Tensor d_base = at::empty(base.sizes(), base.options());
+    const SplitDims d{dims[0], dims[1], dims[2], dims[3], dims[4], dims[5],
+                      static_cast<Layout>(dims[6])};
+    at::Tensor d_base = at::empty_like(base);  // in base's memory format
     {
       at::AutoDispatchBelowADInplaceOrView below_autograd;
       auto [q, k, v] = split_views(base, d);
       auto [dq, dk, dv] = split_views(d_base, d);
-      const at::Tensor dout =
-          in_layout(tokens_by_dims(area_views(grads[0], d.area)), Layout::kChannelFirst);
-      call_bwd(dout, q, k, v, tokens_by_dims(area_views(result, d.area)), lse,
+      // dout in out's memory (copied only where it is not), so that its area views are views.
+      const at::Tensor dout_block = grads[0].strides() == out_block.strides()
+                                        ? grads[0]
+                                        : at::empty_like(out_block).copy_(grads[0]);
+      call_bwd(tokens_by_dims(area_views(dout_block, d.area, d.runs())), q, k, v,
+               tokens_by_dims(area_views(out_block, d.area, d.runs())), lse,
                ctx->saved_data["scale"].toDouble(), dq, dk, dv,
                ctx->saved_data["impl"].toStringRef());
     }
@@ -245,26 +298,43 @@ struct SplitQKV : public torch::autograd::Function<SplitQKV> {
 };
 
 // The tensor q, k and v ([B, H, D, N]) were split from, when they are exactly
-// `base.view(B, H, 2*dk + dv, N).split([dk, dk, dv], dim=2)` of a contiguous base.
+// `base.view(B, H, 2*dk + dv, N).split([dk, dk, dv], dim=2)` of a contiguous base, or the same
+// views of a channels_last one.
 std::optional<SplitDims> split_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   if (!q.is_view() || !k.is_view() || !v.is_view()) return std::nullopt;
   const at::Tensor base(q._base());
-  if (!k._base().is_same(base) || !v._base().is_same(base) || !base.is_contiguous())
+  if (!k._base().is_same(base) || !v._base().is_same(base) ||
+      !base.is_non_overlapping_and_dense())
     return std::nullopt;
   if (base.requires_grad() != (q.requires_grad() || k.requires_grad() || v.requires_grad()))
     return std::nullopt;
-  const SplitDims d{q.size(0), q.size(1), q.size(2), v.size(2), q.size(3)};
+  SplitDims d{q.size(0), q.size(1), q.size(2), v.size(2), q.size(3)};
   const int64_t C = d.channels();
   if (k.sizes() != q.sizes() || v.size(0) != d.B || v.size(1) != d.H || v.size(3) != d.N ||
       base.numel() != d.B * d.H * C * d.N)
     return std::nullopt;
-  const std::vector<int64_t> view_strides{d.H * C * d.N, C * d.N, d.N, 1};
-  if (q.strides() != at::IntArrayRef(view_strides) || k.strides() != at::IntArrayRef(view_strides) ||
-      v.strides() != at::IntArrayRef(view_strides))
+  // The strides of a dim of size 1 are whatever the view chain left there: not compared.
+  auto strides_are = [&](std::initializer_list<int64_t> strides) {
+    const at::IntArrayRef want(strides);
+    for (const at::Tensor* t : {&q, &k, &v})
+      for (int64_t i = 0; i < 4; ++i)
+        if (t->size(i) > 1 && t->stride(i) != want[i]) return false;
+    return true;
+  };
+  // The views' channel stride: N channel-first (a contiguous base), 1 token-major (a
+  // channels_last one: [B, N, H*C] in memory).
+  int64_t channel_stride;
+  if (base.is_contiguous() && strides_are({d.H * C * d.N, C * d.N, d.N, 1})) {
+    channel_stride = d.N;
+  } else if (strides_are({d.N * d.H * C, C, 1, d.H * C})) {
+    d.layout = Layout::kTokenMajor;
+    channel_stride = 1;
+  } else {
     return std::nullopt;
+  }
   const int64_t offset = base.storage_offset();
-  if (q.storage_offset() != offset || k.storage_offset() != offset + d.dk * d.N ||
-      v.storage_offset() != offset + 2 * d.dk * d.N)
+  if (q.storage_offset() != offset || k.storage_offset() != offset + d.dk * channel_stride ||
+      v.storage_offset() != offset + 2 * d.dk * channel_stride)
     return std::nullopt;
   return d;
 }
@@ -272,10 +342,13 @@ std::optional<SplitDims> split_of(const at::Tensor& q, const at::Tensor& k, cons
 // psa_attention's result without gradients, on checked inputs.
 at::Tensor block_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            double scale, const std::string& impl, int64_t area) {
-  auto [qt, kt, vt] = operator_inputs(tokens_by_dims(area_views(q, area)),
-                                      tokens_by_dims(area_views(k, area)),
-                                      tokens_by_dims(area_views(v, area)), Layout::kChannelFirst);
-  return block_output(std::get<0>(call_fwd(qt, kt, vt, scale, impl)), q.size(0), q.size(1), area);
+  const AreaRuns runs = area_runs_of(q);
+  auto [qt, kt, vt] = operator_inputs(tokens_by_dims(area_views(q, area, runs)),
+                                      tokens_by_dims(area_views(k, area, runs)),
+                                      tokens_by_dims(area_views(v, area, runs)),
+                                      Layout::kChannelFirst);
+  return block_output(std::get<0>(call_fwd(qt, kt, vt, scale, impl)), q.size(0), q.size(1), area,
+                      runs);
 }
 
 // Below autograd (inference mode, or a caller that already handles gradients).
