@@ -18,8 +18,8 @@ def area_eager(q, k, v, scale, area):
 def block_views(B, H, dk, dv, N, dtype, device, requires_grad=False, channels_last=False):
     """The conv output [B, H*(2dk+dv), N] and its q, k, v split views [B, H, D, N]; with
     channels_last, a [B, H*(2dk+dv), h, w] conv output in that memory format (h w = N), as
-    Ultralytics' trainer and predictor make on CUDA, whose views are token-major with the heads
-    inside the tokens."""
+    Ultralytics' trainer makes on CUDA and its predictor on x86 CPUs, whose views are
+    token-major with the heads inside the tokens."""
     if channels_last:
         w = max(d for d in range(1, int(N ** 0.5) + 1) if N % d == 0)
         x = torch.randn(B, H * (2 * dk + dv), N // w, w, dtype=dtype, device=device)

@@ -9,9 +9,9 @@
 //
 // When q, k and v are exactly the split views of one tensor (the block's
 // `qkv.view(B, H, 2*dk + dv, N).split(...)`, of a contiguous conv output or of a channels_last
-// one, which Ultralytics' trainer and predictor make on CUDA), the node is attached to that
-// tensor and the backward writes its gradient in one buffer, in the tensor's own memory
-// format: no per-view gradients for autograd to cat.
+// one, which Ultralytics' trainer makes on CUDA and its predictor on x86 CPUs), the node is
+// attached to that tensor and the backward writes its gradient in one buffer, in the
+// tensor's own memory format: no per-view gradients for autograd to cat.
 //
 // psa_attention's `area` (YOLO12's area attention) restricts attention to `area` equal runs
 // of N. The operators see area views of the [B, H, D, N] block views, read in place:
