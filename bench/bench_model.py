@@ -13,7 +13,9 @@ memory is reported as "OOM" (that is the point of the large sizes: at 8000 px th
 map has N = 62 500 tokens and the eager N x N matrix alone needs ~31 GB per head in fp16).
 
 Without a GPU it runs fp32 inference only (eval, inference_mode, batch 1) of yolo11n and
-yolo11s at 640, 1280 and 2560 px, eager and patched: time per image, the time spent inside
+yolo11s at 640, 1280 and 2560 px, eager and patched, in the memory format Ultralytics'
+predictor gives the model on this machine (channels_last on x86-64 CPUs with oneDNN under
+Linux and Windows, as AutoBackend does): time per image, the time spent inside
 the attention blocks (forward hooks on ``Attention``, ``AAttn`` and AIFI's
 ``nn.MultiheadAttention``: on a CPU every call is synchronous, so host time is their time)
 and the peak RSS one call adds (rss.py, on a call of its own). The eager and
@@ -267,8 +269,20 @@ def _train_run(base, mode, imgsz, bs, device, amp, warmup, iters):
     return ms, peak, _blocks_train_ms(model, step, device, amp, warmup, iters)
 
 
+def predictor_memory_format(device) -> torch.memory_format:
+    """The memory format Ultralytics' predictor and validator give a PyTorch model by default
+    (AutoBackend, ultralytics 8.4): channels_last on x86-64 CPUs with oneDNN under Linux or
+    Windows, where its convolutions are faster; contiguous elsewhere, CUDA included. (Its
+    trainer makes CUDA models channels_last instead: _train_run.)"""
+    cpu_channels_last = (device.type == "cpu" and platform.machine() in {"AMD64", "x86_64"}
+                         and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+                         and platform.system() in {"Linux", "Windows"})
+    return torch.channels_last if cpu_channels_last else torch.contiguous_format
+
+
 def _infer_run(base, mode, imgsz, device, dtype, warmup, iters):
-    model = copy.deepcopy(base).eval().fuse(verbose=False).to(device=device, dtype=dtype)
+    model = copy.deepcopy(base).eval().fuse(verbose=False).to(
+        device=device, dtype=dtype, memory_format=predictor_memory_format(device))
     if mode == "psa_fa2":
         patch_ultralytics(model)
     x = torch.rand(1, 3, imgsz, imgsz, device=device, dtype=dtype)
@@ -292,7 +306,8 @@ def _infer_pair_cpu(base, imgsz, dtype, warmup, iters):
     models, calls = {}, {}
     x = torch.rand(1, 3, imgsz, imgsz, dtype=dtype)
     for mode in MODES:
-        model = copy.deepcopy(base).eval().fuse(verbose=False).to(dtype=dtype)
+        model = copy.deepcopy(base).eval().fuse(verbose=False).to(
+            dtype=dtype, memory_format=predictor_memory_format(torch.device("cpu")))
         if mode == "psa_fa2":
             patch_ultralytics(model)
         models[mode] = model
@@ -428,7 +443,9 @@ def markdown(results: dict) -> str:
             f"{_ratio(e, f, 'time_ms')} | {_fmt(e, 'attn_ms')} | {_fmt(f, 'attn_ms')} | {_share(e)} | {_share(f)} | "
             f"{_fmt(e, 'peak_mib')} | {_fmt(f, 'peak_mib')} | {_ratio(e, f, 'peak_mib')} |"
         )
-    lines += ["", f"## Inference ({meta['infer_dtype']}, BN fused, batch 1)", ""]
+    memory_format = meta.get("infer_memory_format", "contiguous_format")
+    lines += ["", f"## Inference ({meta['infer_dtype']}, BN fused, batch 1, {memory_format}: as"
+              " Ultralytics' predictor runs it here)", ""]
     if cpu_rows:
         lines += [
             "| model | imgsz | attn N | eager ms | psa_fa2 ms | speedup | eager attn ms | psa_fa2 attn ms |"
@@ -506,6 +523,7 @@ def main(argv=None) -> dict:
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "train_dtype": "AMP fp16" if amp else "fp32",
             "infer_dtype": str(infer_dtype).removeprefix("torch."),
+            "infer_memory_format": str(predictor_memory_format(device)).removeprefix("torch."),
             "warmup": args.warmup,
             "iters": args.iters if args.iters else "9 / 5 / 3 (to 640 / 1280 px / above), eager and patched interleaved",
         },
