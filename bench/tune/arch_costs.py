@@ -36,6 +36,8 @@ import sys
 import tempfile
 import time
 
+from compare_sass import demangle, resource_usage  # the same folder: run as a script
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Stops torch's BuildExtension right after it writes build.ninja: setup.py alone decides the
@@ -177,17 +179,11 @@ def parse_sass(obj, cuobjdump):
             opcode, _, operands = text.partition(" ")
             code[(arch, name)].append((opcode, pred + " " + operands.strip(), int(m.group(1), 16) >> 41))
             prev = None
-    res, arch = {}, None
-    for line in run([cuobjdump, "-res-usage", str(obj)]).stdout.splitlines():
-        m = re.match(r"\s*arch\s*=\s*(sm_\w+)", line)
+    res = {}
+    for key, line in resource_usage(run([cuobjdump, "-res-usage", str(obj)]).stdout).items():
+        m = re.match(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", line)
         if m:
-            arch = m.group(1)
-        m = re.match(r"\s*Function (\S+):", line)
-        if m:
-            function = m.group(1)
-        m = re.match(r"\s*REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", line)
-        if m:
-            res[(arch, function)] = tuple(int(g) for g in m.groups())
+            res[key] = tuple(int(g) for g in m.groups())
     return code, res
 
 
@@ -245,11 +241,6 @@ def short_name(demangled):
     head = re.sub(r"[\w]+::", "", head)                     # namespaces
     head = re.sub(r"Config<([^<>]*)>", r"\1", head)
     return head.replace(" ", "")
-
-
-def demangle(names):
-    out = run(["c++filt"], input="\n".join(names)).stdout.splitlines()
-    return dict(zip(names, out))
 
 
 def jit(ptxas, ptx, target):

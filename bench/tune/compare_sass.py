@@ -36,6 +36,22 @@ def demangle(names):
     return dict(zip(names, out))
 
 
+def resource_usage(res_usage_output):
+    """{(arch, mangled name): its resource line from "REG:" on} of `cuobjdump -res-usage`."""
+    lines, arch, function = {}, None, None
+    for line in res_usage_output.splitlines():
+        m = re.match(r"\s*arch\s*=\s*(sm_\w+)", line)
+        if m:
+            arch = m.group(1)
+        m = re.match(r"\s*Function (\S+):", line)
+        if m:
+            function = m.group(1)
+        m = re.match(r"\s*(REG:.*)", line)
+        if m:
+            lines[(arch, function)] = m.group(1)
+    return lines
+
+
 def kernels(build_dir, cuobjdump):
     """{(arch, mangled name): (normalized SASS, resource line)} over every .o of a build."""
     found = {}
@@ -69,17 +85,9 @@ def kernels(build_dir, cuobjdump):
             if name is not None and text and not text.startswith("."):
                 body.append(text)
         close()
-        arch = None
-        for line in res.splitlines():
-            m = re.match(r"\s*arch\s*=\s*(sm_\w+)", line)
-            if m:
-                arch = m.group(1)
-            m = re.match(r"\s*Function (\S+):", line)
-            if m:
-                function = m.group(1)
-            m = re.match(r"\s*(REG:.*)", line)
-            if m and (arch, function) in found:
-                found[(arch, function)][1] = m.group(1)
+        for key, line in resource_usage(res).items():
+            if key in found:
+                found[key][1] = line
     return {key: tuple(value) for key, value in found.items()}
 
 
