@@ -48,8 +48,10 @@ def _desc(t: torch.Tensor) -> tuple:
 
 
 def area_views(t: torch.Tensor, area: int) -> torch.Tensor:
-    """A block view [B, H, D, N] as the operators see it under psa_attention(..., area=area)
-    (csrc/autograd/psa_attention.cpp): [B * H, area, N / area, D]."""
+    """A block view [B, H, D, N] of a contiguous tensor as the operators see it under
+    psa_attention(..., area=area) (csrc/autograd/psa_attention.cpp, runs as heads):
+    [B * H, area, N / area, D]. (inputs() makes no channels_last views, whose runs go in the
+    batch instead.)"""
     return t.flatten(0, 1).unflatten(2, (area, t.shape[3] // area)).transpose(1, 2).transpose(2, 3)
 
 

@@ -260,7 +260,9 @@ def psa_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, *
         # on the split views of one tensor, the single gradient buffer all live there.
         return torch.ops.psa_fa2.psa_attention.default(q, k, v, scale, impl, area)
     # Traced: the fwd op, whose fake kernel and Python autograd torch.compile can follow, on
-    # the area views psa_attention.cpp makes ([B * H, area, D, N / area]).
+    # area views with the runs as heads ([B * H, area, D, N / area]): in place on a contiguous
+    # conv output's views, a copy on a channels_last one's (whose runs psa_attention.cpp puts
+    # in the batch instead).
     B, H, _, N = q.shape
     if area > 1:
         # Dynamo takes a message closure over constants only, and both N and area may be
