@@ -259,23 +259,32 @@ def psa_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, *
         # One call into C++ (psa_attention.cpp): the autograd node, the layout handling and,
         # on the split views of one tensor, the single gradient buffer all live there.
         return torch.ops.psa_fa2.psa_attention.default(q, k, v, scale, impl, area)
-    # Traced: the fwd op, whose fake kernel and Python autograd torch.compile can follow, on
-    # area views with the runs as heads ([B * H, area, D, N / area]): in place on a contiguous
-    # conv output's views, a copy on a channels_last one's (whose runs psa_attention.cpp puts
-    # in the batch instead).
+    # Traced: the fwd op, whose fake kernel and Python autograd torch.compile can follow, on the
+    # area views psa_attention.cpp makes, so that both read the conv output in place: a
+    # contiguous one's runs become heads ([B * H, area, D, N / area], channel-first), a
+    # channels_last one's (heads inside the tokens) join the batch ([B * area, H, N / area, D],
+    # token-major).
     B, H, _, N = q.shape
+    runs_in_batch = area > 1 and _common_layout(q.transpose(2, 3), k.transpose(2, 3),
+                                                v.transpose(2, 3)) == "token_major"
     if area > 1:
         # Dynamo takes a message closure over constants only, and both N and area may be
         # symbolic (torch 2.11 makes an int argument that changes between calls symbolic), so
         # the message names no values; the eager path's C++ check does.
         torch._check(N % area == 0,
                      lambda: "psa_attention: area must divide the sequence length N (q.shape[3])")
-        q, k, v = (t.flatten(0, 1).unflatten(2, (area, N // area)).transpose(1, 2)
-                   for t in (q, k, v))
+        if runs_in_batch:
+            q, k, v = (t.unflatten(3, (area, N // area)).permute(0, 3, 1, 2, 4).flatten(0, 1)
+                       for t in (q, k, v))
+        else:
+            q, k, v = (t.flatten(0, 1).unflatten(2, (area, N // area)).transpose(1, 2)
+                       for t in (q, k, v))
     qt, kt, vt = q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)
     if _common_layout(qt, kt, vt) is None:
         qt, kt, vt = (t.contiguous().transpose(2, 3) for t in (q, k, v))
     out = torch.ops.psa_fa2.fwd(qt, kt, vt, scale, impl)[0].transpose(2, 3)
-    if area > 1:
+    if runs_in_batch:  # [B * area, H, dv, N / area] -> [B, H, dv, area, N / area]
+        out = out.unflatten(0, (B, area)).permute(0, 2, 3, 1, 4).reshape(B, H, out.shape[2], N)
+    elif area > 1:
         out = out.transpose(1, 2).reshape(B, H, out.shape[2], N)
     return out.contiguous()

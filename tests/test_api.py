@@ -2,6 +2,7 @@
 the seed's V-split accumulate contract, empty inputs."""
 import pytest
 import torch
+from torch._dynamo.testing import AotEagerAndRecordGraphs
 
 import psa_fa2_ext
 from helpers import DEVICES, HAS_CUDA, assert_close_to_reference, make_qkv, requires_cuda
@@ -126,18 +127,27 @@ def test_torch_compile_with_the_area_as_an_argument():
         torch.testing.assert_close(dx, dx2)
 
 
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last],
+                         ids=["contiguous", "channels_last"])
 @pytest.mark.parametrize("area", [1, 4])
-def test_torch_compile_fullgraph(area):
+def test_torch_compile_fullgraph(area, memory_format):
     """fake kernels + autograd registration let torch.compile trace forward and backward; with
-    an area, on the area views psa_attention makes."""
+    an area, on the area views psa_attention makes, which read the conv output in place in
+    either memory format: the traced forward copies nothing before the fwd op."""
     def step(x):
         q, k, v = x.view(2, 2, 128, 40).split([32, 32, 64], dim=2)
         return psa_fa2_ext.psa_attention(q, k, v, area=area).square().sum()
 
-    x = torch.randn(2, 256, 5, 8, requires_grad=True)
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    x = torch.randn(2, 256, 5, 8).to(memory_format=memory_format).requires_grad_()
+    graphs = AotEagerAndRecordGraphs()
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend=graphs)
     loss = compiled(x)
     (dx,) = torch.autograd.grad(loss, x)
+    torch._dynamo.reset()
+    (forward,) = graphs.fw_graphs
+    before_fwd = forward.code.split("psa_fa2.fwd")[0]
+    assert "clone" not in before_fwd and "copy" not in before_fwd, before_fwd
     x2 = x.detach().requires_grad_()
     loss2 = step(x2)
     (dx2,) = torch.autograd.grad(loss2, x2)
