@@ -9,6 +9,8 @@ blocks are rebuilt below to the same structure.
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -73,6 +75,32 @@ def _exporting() -> bool:
     return torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
 
 
+# The device types our operators run on: CPU and CUDA kernels, and meta (the fake kernels).
+_OP_DEVICE_TYPES = frozenset({"cpu", "cuda", "meta"})
+_warned_device_types: set[str] = set()
+
+
+def _keeps_ultralytics_forward(x: torch.Tensor) -> bool:
+    """Whether an attention block runs Ultralytics' own forward on ``x`` instead of ours.
+
+    While export or tracing records the graph (``_exporting``); and on a device our operators
+    have no kernels for (Apple's ``mps``, Intel's ``xpu``, ...), where the block stays usable
+    with Ultralytics' math, as if unpatched, after one warning per device type, rather than
+    failing in the dispatcher in the middle of a model.
+    """
+    if _exporting():
+        return True
+    device_type = x.device.type
+    if device_type in _OP_DEVICE_TYPES:
+        return False
+    if device_type not in _warned_device_types:
+        _warned_device_types.add(device_type)
+        warnings.warn(f"psa_fa2_ext has kernels for CPU and CUDA tensors, not {device_type!r} "
+                      f"ones: attention blocks on {device_type!r} run Ultralytics' own attention",
+                      stacklevel=3)
+    return True
+
+
 def attention_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The body of ``Attention.forward`` with the N x N part on ``psa_attention``.
 
@@ -95,7 +123,8 @@ def attention_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _reference_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Ultralytics' ``Attention.forward`` verbatim (8.4.x), both branches.
 
-    Used for export (see ``_exporting``) and for ``format == "coreml"``, which their
+    Used for export and on devices without our kernels (``_keeps_ultralytics_forward``) and
+    for ``format == "coreml"``, which their
     exporter sets on every ``Attention`` before a CoreML export so that the graph uses
     ``F.scaled_dot_product_attention``.
     """
@@ -118,8 +147,9 @@ class PSAAttention(nn.Module):
     Same signature and parameters as ``ultralytics.nn.modules.block.Attention``:
     ``qkv`` (1x1 conv to ``num_heads * (2 * key_dim + head_dim)`` channels), ``pe``
     (3x3 depthwise conv on v, a positional term), ``proj`` (1x1 conv), each conv + BN
-    without activation. Works on CPU and CUDA, in every dtype ``psa_attention``
-    supports, and under autocast (the op casts like matmul).
+    without activation. Runs our kernels on CPU and CUDA, in every dtype ``psa_attention``
+    supports, and under autocast (the op casts like matmul); on other devices (``mps``, ...)
+    Ultralytics' math, with a warning.
 
     Args:
         dim: channels of the input (and output); must be divisible by ``num_heads``.
@@ -142,7 +172,7 @@ class PSAAttention(nn.Module):
         self.pe = _ConvBN(dim, dim, 3, g=dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.format == "coreml" or _exporting():
+        if self.format == "coreml" or _keeps_ultralytics_forward(x):
             return _reference_forward(self, x)
         return attention_forward(self, x)
 

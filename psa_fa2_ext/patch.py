@@ -9,8 +9,9 @@ parameters, buffers, hooks, device, dtype and train/eval mode are untouched, so
 - ``isinstance(m, Attention)`` still holds, so Ultralytics' exporter still finds the
   block and sets ``m.format = "coreml"`` before a CoreML export, and ``model.fuse()``
   still folds the children's BatchNorms;
-- with ``format == "coreml"``, or while ONNX export / TorchScript tracing records the
-  graph, the patched forward runs Ultralytics' own ``forward`` unchanged.
+- with ``format == "coreml"``, while ONNX export / TorchScript tracing records the
+  graph, and on a device without our kernels (``mps``, ``xpu``, ...; one warning), the
+  patched forward runs Ultralytics' own ``forward`` unchanged.
 
 Copies: ``copy.deepcopy`` (Ultralytics' EMA, ``AutoBackend``) keeps the patch;
 pickling (``torch.save`` of a checkpoint) writes the plain Ultralytics class, so a
@@ -45,7 +46,7 @@ from pathlib import PurePath
 from torch import nn
 
 from .blocks import aattn_forward, mha_forward, runs_on_our_op
-from .nn import _exporting, attention_forward
+from .nn import _keeps_ultralytics_forward, attention_forward
 
 __all__ = ["is_patched", "patch_ultralytics", "patched", "unpatch_ultralytics"]
 
@@ -83,8 +84,9 @@ class _FA2AttentionMixin(_PatchedBlock):
 
     def forward(self, x):
         # Their exporter sets ``format = "coreml"`` to get an SDPA graph: keep their
-        # forward (both branches) for that and for graph recorders that can't see our op.
-        if self.format == "coreml" or _exporting():
+        # forward (both branches) for that, for graph recorders that can't see our op and on
+        # devices without our kernels.
+        if self.format == "coreml" or _keeps_ultralytics_forward(x):
             return super().forward(x)
         return attention_forward(self, x)
 
@@ -93,7 +95,7 @@ class _FA2AAttnMixin(_PatchedBlock):
     """Put before YOLO12's ``AAttn`` in the bases of a patched class."""
 
     def forward(self, x):
-        if _exporting():
+        if _keeps_ultralytics_forward(x):
             return super().forward(x)
         return aattn_forward(self, x)
 
@@ -103,8 +105,8 @@ class _FA2MultiheadAttentionMixin(_PatchedBlock):
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True,
                 attn_mask=None, average_attn_weights=True, is_causal=False):
-        if _exporting() or not runs_on_our_op(self, query, key, value, key_padding_mask,
-                                              attn_mask, is_causal):
+        if _keeps_ultralytics_forward(query) or not runs_on_our_op(
+                self, query, key, value, key_padding_mask, attn_mask, is_causal):
             return super().forward(query, key, value, key_padding_mask, need_weights, attn_mask,
                                    average_attn_weights, is_causal)
         return mha_forward(self, query, key, value)

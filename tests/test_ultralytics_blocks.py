@@ -169,3 +169,38 @@ def test_models_match_ultralytics_float64(cfg, kind, hw, train):
     for a, b in zip(flat_o, flat_t):
         assert rel_err(a, b) <= RTOL64
     assert unpatch_ultralytics(ours) == sum(kinds.values())
+
+
+def test_devices_without_kernels_keep_ultralytics_forward(monkeypatch):
+    """On a device our operators have no kernels for (Apple's mps, Intel's xpu), every patched
+    block and PSAAttention run Ultralytics' own forward, after one warning per device type,
+    instead of failing in the dispatcher. Simulated on the CPU: the CPU taken off the list of
+    device types with kernels, and every call into our attention ops made to fail."""
+    from ultralytics.nn.modules.block import Attention
+
+    import psa_fa2_ext.nn as psa_nn
+
+    monkeypatch.setattr(psa_nn, "_OP_DEVICE_TYPES", frozenset({"cuda", "meta"}))
+    monkeypatch.setattr(psa_nn, "_warned_device_types", set())
+
+    def boom(*args, **kwargs):
+        raise AssertionError("our attention op ran on a device without kernels")
+
+    for module, name in ((blocks, "psa_attention"), (blocks, "attention"),
+                         (psa_nn, "psa_attention")):
+        monkeypatch.setattr(module, name, boom)
+    gen = torch.Generator().manual_seed(0)
+    cases = [(Attention(128, num_heads=2), (1, 128, 6, 6)), (AAttn(128, 4, area=4), (1, 128, 8, 8)),
+             (AIFI(64, 128, 4), (1, 64, 4, 4))]
+    with pytest.warns(UserWarning, match="not 'cpu' ones") as caught:
+        for theirs, shape in cases:
+            theirs = theirs.double().eval()
+            randomize_bn(theirs, gen)
+            ours = copy.deepcopy(theirs)
+            assert patch_ultralytics(ours) == 1
+            x = torch.randn(*shape, generator=gen, dtype=torch.float64)
+            assert torch.equal(ours(x), theirs(x))
+        layer = psa_nn.PSAAttention.from_ultralytics(cases[0][0])
+        x = torch.randn(1, 128, 6, 6, generator=gen, dtype=torch.float64)
+        assert torch.equal(layer(x), cases[0][0](x))
+    assert len([w for w in caught if "psa_fa2_ext has kernels" in str(w.message)]) == 1
