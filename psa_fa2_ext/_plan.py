@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from . import _C
-from .ops import _new_output
+from .ops import _area_views, _new_output
 
 # (compute capability major, minor, SMs, shared memory a CTA may opt in to, whether the Hopper
 # wgmma kernels may run, whether the GPU runs this build's kernels at all: those of the default
@@ -49,10 +49,9 @@ def _desc(t: torch.Tensor) -> tuple:
 
 def area_views(t: torch.Tensor, area: int) -> torch.Tensor:
     """A block view [B, H, D, N] of a contiguous tensor as the operators see it under
-    psa_attention(..., area=area) (csrc/autograd/psa_attention.cpp, runs as heads):
-    [B * H, area, N / area, D]. (inputs() makes no channels_last views, whose runs go in the
-    batch instead.)"""
-    return t.flatten(0, 1).unflatten(2, (area, t.shape[3] // area)).transpose(1, 2).transpose(2, 3)
+    psa_attention(..., area=area): [B * H, area, N / area, D], the runs as heads. (inputs()
+    makes no channels_last views, whose runs go in the batch instead.)"""
+    return _area_views(t, area, runs_in_batch=False).transpose(2, 3)
 
 
 def inputs(batch, heads, seqlen, dk, dv, dtype, layout, device="meta", area=1):

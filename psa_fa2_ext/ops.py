@@ -92,6 +92,33 @@ def _new_output(q: Tensor, d: int, layout: str) -> Tensor:
     return _new_in_layout(q, d, layout)
 
 
+def _area_runs_in_batch(t: Tensor) -> bool:
+    """Where psa_attention puts the runs of an area of block view t ([B, H, D, N]), by the rule
+    of csrc/autograd/psa_attention.cpp (area_runs_of): in the batch where (b, run) merge and
+    (b, h) do not (the views of a channels_last conv output), else as heads."""
+    B, H, _, N = t.shape
+    bh_merge = B == 1 or H == 1 or t.stride(0) == H * t.stride(1)
+    return not bh_merge and t.stride(0) == N * t.stride(3)
+
+
+def _area_views(t: Tensor, area: int, runs_in_batch: bool) -> Tensor:
+    """Block view t ([B, H, D, N]) as its area views: [B * area, H, D, N / area] with the runs
+    in the batch, else [B * H, area, D, N / area]; views where those dims merge."""
+    run = t.shape[3] // area
+    if runs_in_batch:
+        return t.unflatten(3, (area, run)).permute(0, 3, 1, 2, 4).flatten(0, 1)
+    return t.flatten(0, 1).unflatten(2, (area, run)).transpose(1, 2)
+
+
+def _from_area_views(t: Tensor, B: int, H: int, area: int, runs_in_batch: bool) -> Tensor:
+    """The inverse of _area_views for a result: -> [B, H, dv, N]."""
+    if runs_in_batch:
+        t = t.unflatten(0, (B, area)).permute(0, 2, 3, 1, 4)
+    else:
+        t = t.transpose(1, 2)
+    return t.reshape(B, H, t.shape[2], -1)
+
+
 def _to_layout(t: Tensor, layout: str) -> Tensor:
     if layout == "token_major":
         return t if _token_major(t) else t.contiguous()
@@ -260,31 +287,21 @@ def psa_attention(q: Tensor, k: Tensor, v: Tensor, scale: float | None = None, *
         # on the split views of one tensor, the single gradient buffer all live there.
         return torch.ops.psa_fa2.psa_attention.default(q, k, v, scale, impl, area)
     # Traced: the fwd op, whose fake kernel and Python autograd torch.compile can follow, on the
-    # area views psa_attention.cpp makes, so that both read the conv output in place: a
-    # contiguous one's runs become heads ([B * H, area, D, N / area], channel-first), a
-    # channels_last one's (heads inside the tokens) join the batch ([B * area, H, N / area, D],
-    # token-major).
+    # area views psa_attention.cpp makes, by its rule, so that both read the conv output in
+    # place: a contiguous one's runs become heads, a channels_last one's join the batch.
     B, H, _, N = q.shape
-    runs_in_batch = area > 1 and _common_layout(q.transpose(2, 3), k.transpose(2, 3),
-                                                v.transpose(2, 3)) == "token_major"
+    runs_in_batch = area > 1 and _area_runs_in_batch(q)
     if area > 1:
         # Dynamo takes a message closure over constants only, and both N and area may be
         # symbolic (torch 2.11 makes an int argument that changes between calls symbolic), so
         # the message names no values; the eager path's C++ check does.
         torch._check(N % area == 0,
                      lambda: "psa_attention: area must divide the sequence length N (q.shape[3])")
-        if runs_in_batch:
-            q, k, v = (t.unflatten(3, (area, N // area)).permute(0, 3, 1, 2, 4).flatten(0, 1)
-                       for t in (q, k, v))
-        else:
-            q, k, v = (t.flatten(0, 1).unflatten(2, (area, N // area)).transpose(1, 2)
-                       for t in (q, k, v))
+        q, k, v = (_area_views(t, area, runs_in_batch) for t in (q, k, v))
     qt, kt, vt = q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3)
     if _common_layout(qt, kt, vt) is None:
         qt, kt, vt = (t.contiguous().transpose(2, 3) for t in (q, k, v))
     out = torch.ops.psa_fa2.fwd(qt, kt, vt, scale, impl)[0].transpose(2, 3)
-    if runs_in_batch:  # [B * area, H, dv, N / area] -> [B, H, dv, area, N / area]
-        out = out.unflatten(0, (B, area)).permute(0, 2, 3, 1, 4).reshape(B, H, out.shape[2], N)
-    elif area > 1:
-        out = out.transpose(1, 2).reshape(B, H, out.shape[2], N)
+    if area > 1:
+        out = _from_area_views(out, B, H, area, runs_in_batch)
     return out.contiguous()

@@ -127,32 +127,43 @@ def test_torch_compile_with_the_area_as_an_argument():
         torch.testing.assert_close(dx, dx2)
 
 
-@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last],
-                         ids=["contiguous", "channels_last"])
-@pytest.mark.parametrize("area", [1, 4])
-def test_torch_compile_fullgraph(area, memory_format):
-    """fake kernels + autograd registration let torch.compile trace forward and backward; with
-    an area, on the area views psa_attention makes, which read the conv output in place in
-    either memory format: the traced forward copies nothing before the fwd op."""
-    def step(x):
-        q, k, v = x.view(2, 2, 128, 40).split([32, 32, 64], dim=2)
-        return psa_fa2_ext.psa_attention(q, k, v, area=area).square().sum()
-
+def _leaves_and_operands(inputs):
+    """The tensors a compiled step differentiates, and a function making q, k, v
+    ([2, 2, D, 40]) from them: the split views of a contiguous or a channels_last conv
+    output, or separate token-major tensors (each head's [N, D] contiguous)."""
+    if inputs == "token_major":
+        leaves = [torch.randn(2, 2, 40, d).requires_grad_() for d in (32, 32, 64)]
+        return leaves, lambda q, k, v: (q.transpose(2, 3), k.transpose(2, 3), v.transpose(2, 3))
+    memory_format = torch.channels_last if inputs == "channels_last" else torch.contiguous_format
     x = torch.randn(2, 256, 5, 8).to(memory_format=memory_format).requires_grad_()
+    return [x], lambda x: x.view(2, 2, 128, 40).split([32, 32, 64], dim=2)
+
+
+@pytest.mark.parametrize("inputs", ["contiguous", "channels_last", "token_major"])
+@pytest.mark.parametrize("area", [1, 4])
+def test_torch_compile_fullgraph(area, inputs):
+    """fake kernels + autograd registration let torch.compile trace forward and backward; with
+    an area, on the area views psa_attention.cpp makes (runs as heads or in the batch, by the
+    same rule), which read these inputs in place: the traced forward copies nothing before
+    the fwd op."""
+    leaves, operands = _leaves_and_operands(inputs)
+
+    def step(*ts):
+        return psa_fa2_ext.psa_attention(*operands(*ts), area=area).square().sum()
+
     graphs = AotEagerAndRecordGraphs()
     torch._dynamo.reset()
     compiled = torch.compile(step, fullgraph=True, backend=graphs)
-    loss = compiled(x)
-    (dx,) = torch.autograd.grad(loss, x)
+    loss = compiled(*leaves)
+    grads = torch.autograd.grad(loss, leaves)
     torch._dynamo.reset()
     (forward,) = graphs.fw_graphs
     before_fwd = forward.code.split("psa_fa2.fwd")[0]
     assert "clone" not in before_fwd and "copy" not in before_fwd, before_fwd
-    x2 = x.detach().requires_grad_()
-    loss2 = step(x2)
-    (dx2,) = torch.autograd.grad(loss2, x2)
+    leaves2 = [t.detach().requires_grad_() for t in leaves]
+    loss2 = step(*leaves2)
     torch.testing.assert_close(loss, loss2)
-    torch.testing.assert_close(dx, dx2)
+    torch.testing.assert_close(grads, torch.autograd.grad(loss2, leaves2))
 
 
 @pytest.mark.parametrize("device", DEVICES)
