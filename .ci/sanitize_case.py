@@ -51,10 +51,11 @@ def images():
     # The wgmma forward on K / V tile images (bulk copies, mbarriers, CTAs of two and of three
     # warpgroups; Hopper): one partial tile, 26 tiles with a partial last one (2-byte Q / out rows)
     # and 26 whole ones (16-byte rows), 13 steps of two tiles for three warpgroups; at 1601 the
-    # last CTA's third warpgroup has no rows. Each also with rising scores (tiles redone).
-    for warpgroups, N in itertools.product((2, 3), (37, 1601, 1664)):
+    # last CTA's third warpgroup has no rows. Each also with rising scores (tiles redone). At
+    # dv = 64 and 32.
+    for warpgroups, N, dv in itertools.product((2, 3), (37, 1601, 1664), (64, 32)):
         with _testing.force(kv_images="always", kv_image_warpgroups=warpgroups):
-            q, k, v = channel_first_views(N)
+            q, k, v = channel_first_views(N, dv=dv)
             torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
             # Scores rising along the keys: the row max jumps, and tiles are redone.
             q[..., 0] = 1
@@ -63,8 +64,8 @@ def images():
     # The wgmma backward on stream images of Q and dO (bulk copies, mbarriers; Hopper): one partial
     # step, and 26 steps with a partial last one (2-byte K / V rows), on two heads.
     with _testing.force(stream_images="always"):
-        for N in (37, 1601):
-            forward_backward(*channel_first_views(N))
+        for N, dv in itertools.product((37, 1601), (64, 32)):
+            forward_backward(*channel_first_views(N, dv=dv))
 
 
 def fp32():
@@ -72,10 +73,10 @@ def fp32():
     # masked tails (97 tokens: two key tiles, the second partial; four row steps, the last of one).
     # Both sizes split the forward's keys, exact and TF32 (2 and 7 CTAs per row tile, then the
     # combine).
-    for precision, N, channel_first in itertools.product(("highest", "high"), (97, 1025),
-                                                         (True, False)):
+    for precision, N, channel_first, dv in itertools.product(("highest", "high"), (97, 1025),
+                                                             (True, False), (64, 32)):
         torch.set_float32_matmul_precision(precision)
-        q, k, v = channel_first_views(N, torch.float32)
+        q, k, v = channel_first_views(N, torch.float32, dv=dv)
         if not channel_first:
             q, k, v = (t.contiguous() for t in (q, k, v))
         forward_backward(q, k, v)

@@ -51,6 +51,8 @@ FAST_SEQLENS = [1, 7, 49, 97, 400, 402, 1004, 1025, 4097]
 dims = pytest.mark.parametrize("dk,dv", FAST_HEAD_DIMS, ids=[f"{a}x{b}" for a, b in FAST_HEAD_DIMS])
 dtypes = pytest.mark.parametrize("dtype", FAST_DTYPES, ids=str)
 layouts = pytest.mark.parametrize("layout", LAYOUTS)
+# The head dims with wgmma kernels: dk = 32 and dv = 64 (PSA) or 32 (YOLO12's area attention).
+wgmma_dv = pytest.mark.parametrize("dv", [64, 32], ids=lambda dv: f"32x{dv}")
 
 
 @pytest.mark.parametrize("N", FAST_SEQLENS)
@@ -71,11 +73,11 @@ def runs_wgmma_kernels():
     return on_hopper() and "wgmma" in psa_fa2_ext.build_info()["cuda_kernels"]
 
 
-def rising_scores_qkv(N, dtype, layout):
+def rising_scores_qkv(N, dtype, layout, dv=64):
     """q, k, v whose scores rise along the keys by 48 in the kernels' log2 units: each row's
     running max moves every few key tiles, a path that random scores (whose max settles in
     the first tiles) almost never take."""
-    B, H, dk, dv = 2, 4, 32, 64
+    B, H, dk = 2, 4, 32
     _, q, k, v = make_qkv(B, H, N, dk, dv, dtype, "cuda", layout)
     scale = dk ** -0.5
     with torch.no_grad():
@@ -88,7 +90,8 @@ def rising_scores_qkv(N, dtype, layout):
 @layouts
 @dtypes
 @pytest.mark.parametrize("kernel", ["default", "mma_sync", "images2", "images3"])
-def test_forward_fast_rising_scores(N, dtype, layout, kernel, force):
+@wgmma_dv
+def test_forward_fast_rising_scores(N, dtype, layout, kernel, dv, force):
     """Also on the tile-image kernels (channel-first, forced at these N), which redo a tile
     when the max moves: the two-warpgroup one per warpgroup at its barrier, as the row
     kernels do; the three-warpgroup one per warp, on mma.sync."""
@@ -102,7 +105,7 @@ def test_forward_fast_rising_scores(N, dtype, layout, kernel, force):
         if layout != "channel_first":
             pytest.skip("tile images are made of channel-first K and V")
         force(kv_images="always", kv_image_warpgroups=int(kernel[-1]))
-    q, k, v, scale = rising_scores_qkv(N, dtype, layout)
+    q, k, v, scale = rising_scores_qkv(N, dtype, layout, dv)
     if kernel.startswith("images"):
         code = KV_IMAGE_KERNELS[int(kernel[-1])]
         names = " ".join(cuda_kernels_run(lambda: torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")))
@@ -216,21 +219,22 @@ def case_ids(cases):
 @pytest.mark.parametrize("N,vec", FWD_ALIGNED_COPY_CASES, ids=case_ids(FWD_ALIGNED_COPY_CASES))
 @pytest.mark.parametrize("views", ["split", "separate"])
 @dtypes
-def test_forward_wgmma_copies_kv_to_aligned_rows(N, vec, views, dtype):
+@wgmma_dv
+def test_forward_wgmma_copies_kv_to_aligned_rows(N, vec, views, dtype, dv):
     """Channel-first K and V on narrow or misaligned rows are copied to 128-byte aligned
     rows, in one copy for the block's split views and two for separate tensors, and the wgmma
     kernel with 16-byte K / V copies runs ("cfs"; Q and out keep their vec-byte accesses). Its
     output and lse against float64."""
     if not runs_wgmma_kernels():
         pytest.skip("the aligned K / V copies feed the wgmma kernel (Hopper, sm_90a builds) only")
-    check_forward_on_kv_copies((1, 2), N, views, dtype, sm90_fwd(vec, 0, 16))
+    check_forward_on_kv_copies((1, 2), N, views, dtype, sm90_fwd(vec, 0, 16), dv)
 
 
-def check_forward_on_kv_copies(batch_heads, N, views, dtype, kernel_pattern):
+def check_forward_on_kv_copies(batch_heads, N, views, dtype, kernel_pattern, dv=64):
     """The forward on channel-first split views (or separate K and V tensors) copies K and V
     (copy_rows_kernel) and runs the kernel matching kernel_pattern; then its output and lse
     against float64, on NaN-filled memory."""
-    _, q, k, v = make_qkv(*batch_heads, N, 32, 64, dtype, "cuda", "channel_first")
+    _, q, k, v = make_qkv(*batch_heads, N, 32, dv, dtype, "cuda", "channel_first")
     if views == "separate":
         k, v = (t.transpose(2, 3).contiguous().transpose(2, 3) for t in (k, v))
     scale = 32 ** -0.5
@@ -261,7 +265,8 @@ KV_IMAGE_KERNELS = {2: 1, 3: 2}
 @pytest.mark.parametrize("views", ["split", "separate"])
 @pytest.mark.parametrize("warpgroups", list(KV_IMAGE_KERNELS))
 @dtypes
-def test_forward_wgmma_reads_kv_tile_images(N, vec, views, warpgroups, dtype, force):
+@wgmma_dv
+def test_forward_wgmma_reads_kv_tile_images(N, vec, views, warpgroups, dtype, dv, force):
     """Forced to tile images of CTAs of 2 / 3 warpgroups, K and V are copied to tile images (one copy for the
     block's split views, two for separate tensors) and the wgmma kernel that bulk-copies them
     into CTAs of that many warpgroups runs (Q and out keep their vec-byte
@@ -271,7 +276,7 @@ def test_forward_wgmma_reads_kv_tile_images(N, vec, views, warpgroups, dtype, fo
         pytest.skip("the tile images feed the wgmma kernel (Hopper, sm_90a builds) only")
     force(kv_images="always", kv_image_warpgroups=warpgroups)
     check_forward_on_kv_copies((2, 2), N, views, dtype,
-                               sm90_fwd(vec, KV_IMAGE_KERNELS[warpgroups], 16))
+                               sm90_fwd(vec, KV_IMAGE_KERNELS[warpgroups], 16), dv)
 
 
 LONG_ROW_IMAGE_CASES = [(12800, 16), (12801, 2)]
@@ -323,7 +328,8 @@ def test_forward_picks_three_warpgroup_images_by_waves():
 
 @pytest.mark.parametrize("N,vec", BWD_ALIGNED_COPY_CASES, ids=case_ids(BWD_ALIGNED_COPY_CASES))
 @dtypes
-def test_backward_wgmma_copies_q_dout_to_aligned_rows(N, vec, dtype, force):
+@wgmma_dv
+def test_backward_wgmma_copies_q_dout_to_aligned_rows(N, vec, dtype, dv, force):
     """The backward's streamed Q and dO, on narrow or misaligned rows, are copied to 128-byte
     aligned rows (stream images turned off), and the wgmma kernel with 16-byte Q / dO copies
     runs ("cfs": K, V and the gradients keep their vec-byte accesses). Its gradients against
@@ -332,19 +338,19 @@ def test_backward_wgmma_copies_q_dout_to_aligned_rows(N, vec, dtype, force):
         pytest.skip("the aligned Q / dO copies feed the wgmma backward (Hopper, sm_90a builds) "
                     "only")
     force(stream_images="never")
-    check_backward_on_stream_copies((1, 2), N, dtype, sm90_bwd(vec, 0, 16))
+    check_backward_on_stream_copies((1, 2), N, dtype, sm90_bwd(vec, 0, 16), dv)
 
 
-def check_backward_on_stream_copies(batch_heads, N, dtype, kernel_pattern):
+def check_backward_on_stream_copies(batch_heads, N, dtype, kernel_pattern, dv=64):
     """The backward on channel-first split views copies Q and dO (copy_rows_kernel) and runs
     the kernel matching kernel_pattern; then its gradients against float64, accumulate and
     overwrite, on NaN-filled outputs."""
-    _, q, k, v = make_qkv(*batch_heads, N, 32, 64, dtype, "cuda", "channel_first")
+    _, q, k, v = make_qkv(*batch_heads, N, 32, dv, dtype, "cuda", "channel_first")
     names = cuda_kernels_run(fast_backward((q, k, v), False))
     assert any("copy_rows_kernel" in n for n in names), names
     joined = " ".join(names)
     assert re.search(kernel_pattern, joined), joined
-    check_backward("cuda", "fast", N, 32, 64, dtype, "channel_first", heads=batch_heads)
+    check_backward("cuda", "fast", N, 32, dv, dtype, "channel_first", heads=batch_heads)
 
 
 @pytest.mark.parametrize("N,vec", FWD_NO_COPY_CASES, ids=case_ids(FWD_NO_COPY_CASES))
@@ -366,7 +372,8 @@ BWD_STREAM_IMAGE_CASES = [(7, 2), (64, 16), (65, 2), (401, 2), (1602, 4), (6400,
 
 @pytest.mark.parametrize("N,vec", BWD_STREAM_IMAGE_CASES, ids=case_ids(BWD_STREAM_IMAGE_CASES))
 @dtypes
-def test_backward_wgmma_reads_stream_images(N, vec, dtype, force):
+@wgmma_dv
+def test_backward_wgmma_reads_stream_images(N, vec, dtype, dv, force):
     """Forced to stream images, Q and dO are copied to stream images and the wgmma
     backward that bulk-copies them (with the lse and D rows the preprocess writes there) runs
     (K and V keep their vec-byte accesses), on two batches of two heads (each
@@ -374,7 +381,7 @@ def test_backward_wgmma_reads_stream_images(N, vec, dtype, force):
     if not runs_wgmma_kernels():
         pytest.skip("the stream images feed the wgmma backward (Hopper, sm_90a builds) only")
     force(stream_images="always")
-    check_backward_on_stream_copies((2, 2), N, dtype, sm90_bwd(vec, 1, 16))
+    check_backward_on_stream_copies((2, 2), N, dtype, sm90_bwd(vec, 1, 16), dv)
 
 
 def test_backward_stream_images_follow_the_threshold(force):
@@ -414,14 +421,15 @@ def test_backward_wgmma_keeps_short_rows_as_given(N, vec):
 @pytest.mark.parametrize("N", FAST_SEQLENS)
 @layouts
 @dtypes
-def test_forward_fast_mma_sync_on_hopper(N, dtype, layout, force):
-    """(32, 64) runs the wgmma kernel on Hopper; forcing no_sm90 selects the mma.sync
-    kernel that Ampere runs, which must stay correct there too."""
+@wgmma_dv
+def test_forward_fast_mma_sync_on_hopper(N, dtype, layout, dv, force):
+    """(32, 64) and (32, 32) run the wgmma kernel on Hopper; forcing no_sm90 selects the
+    mma.sync kernel that Ampere runs, which must stay correct there too."""
     if not runs_wgmma_kernels():
         pytest.skip("test_forward_fast already covers the mma.sync kernel where the wgmma one "
                     "does not run")
     force(no_sm90=True)
-    check_forward("cuda", "fast", N, 32, 64, dtype, layout)
+    check_forward("cuda", "fast", N, 32, dv, dtype, layout)
 
 
 @pytest.mark.parametrize("N", FAST_SEQLENS)
@@ -436,14 +444,15 @@ def test_backward_fast(N, dk, dv, dtype, layout, deterministic):
 @pytest.mark.parametrize("N", FAST_SEQLENS + [128, 129, 6400])
 @layouts
 @dtypes
-def test_backward_fast_wgmma_on_hopper(N, dtype, layout):
-    """On Hopper (32, 64)'s schedule (a) is the wgmma kernel: every copy width, tails of both
+@wgmma_dv
+def test_backward_fast_wgmma_on_hopper(N, dtype, layout, dv):
+    """On Hopper the schedule (a) of (32, 64) and (32, 32) is the wgmma kernel: every copy width, tails of both
     the owned keys and the streamed rows (N = 129: a CTA whose first warpgroup owns one key and
     whose second owns none; N <= 64: the second warpgroup wholly past N), accumulate and
     overwrite, NaN-filled outputs."""
     if not runs_wgmma_kernels():
         pytest.skip("needs a Hopper GPU and a build with sm_90a")
-    check_backward("cuda", "fast", N, 32, 64, dtype, layout)
+    check_backward("cuda", "fast", N, 32, dv, dtype, layout)
 
 
 def sm90_bwd_tail_split(N, heads_total, multiprocessors):
@@ -478,7 +487,8 @@ TAIL_SPLIT_CASES = {"one_wave": 1243, "past_a_wave": 1243, "sixteen_pieces": 201
 @pytest.mark.parametrize("case", TAIL_SPLIT_CASES)
 @layouts
 @dtypes
-def test_backward_wgmma_tail_split(case, dtype, layout):
+@wgmma_dv
+def test_backward_wgmma_tail_split(case, dtype, layout, dv):
     """The wgmma backward's last wave shared out along the query stream: the shared tiles'
     partial dK / dV sums and the epilogue of the last CTA to finish, next to whole tiles."""
     if not runs_wgmma_kernels():
@@ -489,12 +499,13 @@ def test_backward_wgmma_tail_split(case, dtype, layout):
     whole, pieces = sm90_bwd_tail_split(N, H, sms)
     assert pieces >= 2 and (whole > 0) == (case != "one_wave"), (whole, pieces)
     assert case != "sixteen_pieces" or pieces == 16, pieces
-    check_backward("cuda", "fast", N, 32, 64, dtype, layout, heads=(1, H))
+    check_backward("cuda", "fast", N, 32, dv, dtype, layout, heads=(1, H))
 
 
 @pytest.mark.parametrize("case", TAIL_SPLIT_CASES)
 @dtypes
-def test_backward_wgmma_tail_split_on_stream_images(case, dtype, force):
+@wgmma_dv
+def test_backward_wgmma_tail_split_on_stream_images(case, dtype, dv, force):
     """The same shared last wave with Q and dO from stream images: each piece's first steps fill
     its stages from its own place in the images."""
     if not runs_wgmma_kernels():
@@ -503,20 +514,21 @@ def test_backward_wgmma_tail_split_on_stream_images(case, dtype, force):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     N = TAIL_SPLIT_CASES[case]
     H = tail_split_heads(case, -(-N // 128), sms)
-    check_backward("cuda", "fast", N, 32, 64, dtype, "channel_first", heads=(1, H))
+    check_backward("cuda", "fast", N, 32, dv, dtype, "channel_first", heads=(1, H))
 
 
 @pytest.mark.parametrize("N", FAST_SEQLENS)
 @layouts
 @dtypes
-def test_backward_fast_mma_sync_on_hopper(N, dtype, layout, force):
-    """Forcing no_sm90 runs (32, 64)'s schedule (a) on the mma.sync kernel that Ampere
-    runs, which must stay correct on Hopper too."""
+@wgmma_dv
+def test_backward_fast_mma_sync_on_hopper(N, dtype, layout, dv, force):
+    """Forcing no_sm90 runs the schedule (a) of (32, 64) and (32, 32) on the mma.sync kernel
+    that Ampere runs, which must stay correct on Hopper too."""
     if not runs_wgmma_kernels():
         pytest.skip("test_backward_fast already covers the mma.sync kernel where the wgmma one "
                     "does not run")
     force(no_sm90=True)
-    check_backward("cuda", "fast", N, 32, 64, dtype, layout)
+    check_backward("cuda", "fast", N, 32, dv, dtype, layout)
 
 
 def fast_backward(qkv, deterministic, scale=32 ** -0.5):
@@ -723,18 +735,19 @@ def test_fp32_precision_setting_picks_the_kernel(layout):
 @pytest.mark.parametrize("dk,dv", FP32_HEAD_DIMS, ids=[f"{a}x{b}" for a, b in FP32_HEAD_DIMS])
 @layouts
 def test_backward_fast_fp32_exact(N, dk, dv, layout):
-    """fp32 backward at "highest" (the FFMA kernel at (32, 64), blockwise on fp32 matmuls
-    elsewhere): within 1e-5 of float64."""
+    """fp32 backward at "highest" (the FFMA kernel at (32, 64) and (32, 32), blockwise on fp32
+    matmuls elsewhere): within 1e-5 of float64."""
     assert torch.get_float32_matmul_precision() == "highest"
     check_backward("cuda", "fast", N, dk, dv, torch.float32, layout)
 
 
 @pytest.mark.parametrize("heads", [(8, 4), (1, 1)], ids=["tile_per_cta", "tiles_shared"])
 @layouts
-def test_backward_fast_fp32_grid(heads, layout):
+@pytest.mark.parametrize("dv", [64, 32], ids=lambda dv: f"32x{dv}")
+def test_backward_fast_fp32_grid(heads, layout, dv):
     """The FFMA backward with a CTA per key tile (544 tiles, more than the SMs) and with each
     tile's query rows shared out among several CTAs (17 tiles), at a partial last tile."""
-    check_backward("cuda", "fast", 1025, 32, 64, torch.float32, layout, heads=heads)
+    check_backward("cuda", "fast", 1025, 32, dv, torch.float32, layout, heads=heads)
 
 
 @pytest.mark.parametrize("N", [97, 1025])
@@ -746,10 +759,11 @@ def test_backward_fast_fp32_deterministic(N, layout):
 
 
 @layouts
-def test_fp32_backward_kernels(layout):
-    """(32, 64) runs the FFMA kernel; deterministic mode and the other head dims the blockwise
-    path (cuBLAS), deterministic mode bit-identically from call to call."""
-    qkv = make_qkv(2, 4, 400, 32, 64, torch.float32, "cuda", layout)[1:]
+@pytest.mark.parametrize("dv", [64, 32], ids=lambda dv: f"32x{dv}")
+def test_fp32_backward_kernels(layout, dv):
+    """(32, 64) and (32, 32) run the FFMA kernel; deterministic mode and the other head dims the
+    blockwise path (cuBLAS), deterministic mode bit-identically from call to call."""
+    qkv = make_qkv(2, 4, 400, 32, dv, torch.float32, "cuda", layout)[1:]
     names = " ".join(sorted(cuda_kernels_run(fast_backward(qkv, False))))
     assert "flash_bwd_f32_kernel" in names
     deterministic = fast_backward(qkv, True)
@@ -762,14 +776,14 @@ def test_fp32_backward_kernels(layout):
 
 
 @pytest.mark.parametrize("dk,dv,N,tf32", [(32, 64, 400, True), (64, 64, 400, True),
-                                           (32, 64, 1600, False)],
-                         ids=["32x64-400", "64x64-400", "32x64-1600"])
+                                           (32, 64, 1600, False), (32, 32, 1600, False)],
+                         ids=["32x64-400", "64x64-400", "32x64-1600", "32x32-1600"])
 @layouts
 def test_fp32_backward_follows_the_precision_setting(dk, dv, N, tf32, layout):
     """"high" lets the fp32 backward use TF32: the blockwise path's matmuls do (below 1600
     tokens, and at head dims without the FFMA kernel), and their gradients move off the exact
     ones by TF32 rounding (more than the exact path's 1e-5), and no further (1e-2). From 1600
-    tokens (32, 64) runs the FFMA kernel, exact under either setting."""
+    tokens (32, 64) and (32, 32) run the FFMA kernel, exact under either setting."""
     q, k, v = make_qkv(2, 4, N, dk, dv, torch.float32, "cuda", layout)[1:]
     grads = fast_backward((q, k, v), False, dk ** -0.5)
     exact = grads()

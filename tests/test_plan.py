@@ -57,10 +57,21 @@ CASES = [
      "64-key steps",
      "mma.sync backward bf16 32x64 channel_first; combined schedule (deterministic), CTA 128 "
      "query rows"),
-    # Head dims without a wgmma kernel run mma.sync on Hopper too.
+    # (32, 32), YOLO12's area attention: the wgmma kernels at dv = 32.
     (H100, 64, 2, 400, 32, 32, "bf16", "psa", {},
-     "mma.sync forward bf16 32x32 channel_first rows 16B; CTA 64 query rows x 64-key tiles",
-     "mma.sync backward bf16 32x32 channel_first; atomic-dQ schedule, CTA 128 keys"),
+     "wgmma forward bf16 32x32 channel_first q/out 16B, K/V rows 16B; CTA 64 query rows x "
+     "64-key steps",
+     "wgmma backward bf16 32x32 channel_first rows 16B, Q/dO rows 16B; CTA 128 keys x 64-row "
+     "steps"),
+    (H100, 16, 8, 400, 32, 32, "fp16", "token_major", {},
+     "wgmma forward fp16 32x32 token_major q/out 16B, K/V rows 16B; CTA 64 query rows x 64-key "
+     "steps",
+     "wgmma backward fp16 32x32 token_major rows 16B, Q/dO rows 16B; CTA 128 keys x 64-row "
+     "steps"),
+    # Head dims without a wgmma kernel run mma.sync on Hopper too.
+    (H100, 8, 4, 400, 64, 64, "bf16", "psa", {},
+     "mma.sync forward bf16 64x64 channel_first rows 16B; CTA 64 query rows x 64-key tiles",
+     "mma.sync backward bf16 64x64 channel_first; atomic-dQ schedule, CTA 128 keys"),
     (H100, 2, 8, 1024, 128, 128, "fp16", "token_major", {},
      "mma.sync forward fp16 128x128 token_major rows 16B; CTA 64 query rows x 64-key tiles",
      "mma.sync backward fp16 128x128 token_major; atomic-dQ schedule, CTA 128 keys"),
@@ -76,6 +87,10 @@ CASES = [
      "FFMA forward fp32 32x64 channel_first rows 16B; CTA 128 query rows x 64-key tiles, 7 "
      "CTA(s) per row tile",
      "FFMA backward fp32 32x64 channel_first; CTA 64 keys x 32-row steps, 6 CTA(s) per key tile"),
+    (H100, 16, 8, 400, 32, 32, "fp32", "psa", {"allow_tf32": False},
+     "FFMA forward fp32 32x32 channel_first rows 16B; CTA 128 query rows x 64-key tiles, 1 "
+     "CTA(s) per row tile",
+     "FFMA backward fp32 32x32 channel_first; CTA 64 keys x 32-row steps, 1 CTA(s) per key tile"),
     # ... under TF32 the TF32 forward, and the blockwise backward below 1600 tokens.
     (H100, 16, 4, 400, 32, 64, "fp32", "psa", {"allow_tf32": True},
      "TF32 mma.sync forward fp32 32x64 channel_first rows 16B; CTA 128 query rows x 64-key "
@@ -277,7 +292,7 @@ def test_area_views_plan_the_fast_kernels(device, seqlen, dtype):
     """psa_attention(..., area=4) hands the operators area views of the block's qkv (runs of
     400, 300 and 7 tokens: YOLO12's P4 at 640 x 640 and 640 x 480, and an odd run); they and
     the output laid out for them plan the kernel family area 1 plans, both directions: a fast
-    one in bf16 / fp16 (fp32 has no (32, 32) backward kernel)."""
+    one, fp32 included (exact fp32, the plan's default)."""
     for direction in ("fwd", "bwd"):
         q, k, v = _plan.inputs(16, 2, seqlen, 32, 32, dtype, "psa", area=4)
         description, fields = _plan.plan(direction, q, k, v, device=_plan.DEVICES[device], area=4)
@@ -285,5 +300,4 @@ def test_area_views_plan_the_fast_kernels(device, seqlen, dtype):
                            device=_plan.DEVICES[device])[1]
         assert fields["kernel"] == whole["kernel"], description
         assert fields["no_fast_kernel"] == whole["no_fast_kernel"], description
-        if dtype != torch.float32:
-            assert not fields["no_fast_kernel"] and fields["instance"] >= 0, description
+        assert not fields["no_fast_kernel"] and fields["instance"] >= 0, description

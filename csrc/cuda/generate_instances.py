@@ -42,8 +42,8 @@ OUT = Path(__file__).resolve().parent / "instances"
 
 HEAD_DIMS = [(32, 64), (32, 32), (64, 64), (128, 128)]
 F32_FWD_HEAD_DIMS = [(32, 64), (32, 32), (64, 64)]
-F32_BWD_HEAD_DIMS = [(32, 64)]
-WGMMA_HEAD_DIMS = [(32, 64)]  # the products are m64n64k16: dv = 64
+F32_BWD_HEAD_DIMS = [(32, 64), (32, 32)]
+WGMMA_HEAD_DIMS = [(32, 64), (32, 32)]  # dk = 32; dv's products are m64n64k16 / m64n32k16
 HALF_DTYPES = {"bf16": "kBFloat16", "fp16": "kFloat16"}
 LAYOUTS = {"token_major": "kTokenMajor", "channel_first": "kChannelFirst"}
 NARROW = (8, 4, 2)  # channel-first rows that are not 16-byte aligned (PSA views at N % 8 != 0)

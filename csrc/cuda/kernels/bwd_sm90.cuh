@@ -111,7 +111,8 @@ struct Sm90BwdTraits {
   // one's dQ may still read.
   static_assert(kStages >= 3, "one barrier per step needs three stages");
   static constexpr int kDSBuffers = 2;
-  static_assert(kDk == 32 && kDv == 64, "the wgmma shapes below are those of (32, 64)");
+  static_assert(kDk == 32 && (kDv == 64 || kDv == 32),
+                "the wgmma shapes below are those of (32, 64) and (32, 32)");
   static_assert(C::kThreads == kThreads && C::kBlockN == kBlockN && C::kBlockM == kBlockM,
                 "the epilogue and workspace of the mma.sync kernel's configuration");
   static_assert(kBlockN == kSm90BwdKeysPerCta && kBlockM == kSm90BwdRowsPerStep,
@@ -489,7 +490,7 @@ __global__ void __launch_bounds__(
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockM / 16; ++kk) {
-      wgmma::mma_m64n64k16<kDtype, true, DOV::kTranspose>(
+      wgmma::mma_m64k16<kDv, kDtype, true, DOV::kTranspose>(
           dv_acc, pf[kk], do_v_desc + DOV::advance(stage * DOTile::kBytes + kk * DOV::kKStepBytes));
     }
 #pragma unroll

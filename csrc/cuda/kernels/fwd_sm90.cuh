@@ -80,7 +80,7 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   using Base = FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes>;
   static constexpr bool kCF = Base::kCF;
   static_assert(kBlockM == 64, "one warpgroup of 64 query rows per CTA");
-  static_assert(kDv == 64, "the products are wgmma m64n64k16: 64 keys and dv = 64");
+  static_assert(kDv == 64 || kDv == 32, "O += P V is wgmma m64n64k16 or m64n32k16");
   static_assert(kDk % 16 == 0, "k16 steps of Q K^T");
   static constexpr bool kKVImages = kKVRead != KVRead::kRows;
   static_assert(!kKVImages || kCF, "tile images of channel-first K and V");
@@ -406,7 +406,7 @@ __global__ void __launch_bounds__(
       } else {
         desc = v_desc + VOp::advance(stage_bytes + step_bytes);
       }
-      wgmma::mma_m64n64k16<kDtype, true, VOp::kTranspose>(o, pf[kk], desc);
+      wgmma::mma_m64k16<kDv, kDtype, true, VOp::kTranspose>(o, pf[kk], desc);
     }
     wgmma::commit_group();
   };

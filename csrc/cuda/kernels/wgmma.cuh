@@ -172,6 +172,19 @@ __device__ __forceinline__ void mma_m64n32k16(float (&d)[4][4], const uint32_t (
   }
 }
 
+// D (64 x kN) with kN = 64 or 32: the product whose n is a head dim (dv in the forward's
+// O += P V and the backward's dV += P^T dO), for kernels instantiated at either.
+template <int kN, DType kDtype, bool kAccumulate, int kTransposeB>
+__device__ __forceinline__ void mma_m64k16(float (&d)[kN / 8][4], const uint32_t (&a)[4],
+                                           uint64_t b) {
+  static_assert(kN == 64 || kN == 32, "n = 64 or 32");
+  if constexpr (kN == 64) {
+    mma_m64n64k16<kDtype, kAccumulate, kTransposeB>(d, a, b);
+  } else {
+    mma_m64n32k16<kDtype, kAccumulate, kTransposeB>(d, a, b);
+  }
+}
+
 #define PSA_FA2_WGMMA_SS_N16(types)                                                           \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                  \
                "wgmma.mma_async.sync.aligned.m64n16k16.f32." types                            \
