@@ -1,0 +1,99 @@
+"""Where a 16-bit forward's output error comes from: our kernels, SDPA's backends and emulations
+of single rounding steps, on the same inputs, against float64.
+
+    python bench/tune/output_error_sources.py                      # GPU: 64x2x400 and 16x8x400
+    python bench/tune/output_error_sources.py --device cpu --shapes 8x2x400
+
+The error is the benchmark's (bench/reference.py rel_err): max |out - ref| / max |ref|. The
+emulations compute in float64 on the same device and round only where they say:
+- "exact, rounded once": the float64 result rounded to the dtype, the floor every kernel meets;
+- "P rounded": the probabilities rounded to the dtype before P V, row sums from unrounded P
+  (FlashAttention-2's scheme), the rest exact;
+- "P rounded, lazy max": the same with each row's reference max that of its first 64 keys, so
+  probabilities reach 2^8 as in our Hopper forward.
+A kernel well above "P rounded" rounds somewhere else too; the kernel rows name which of ours
+ran (psa_fa2_ext._testing.force)."""
+import argparse
+import contextlib
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import psa_fa2_ext  # noqa: E402
+from psa_fa2_ext import _testing  # noqa: E402
+from reference import rel_err  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def emulate(q, k, v, scale, dtype, lazy_keys=None):
+    """softmax(q k^T scale) v in float64 with P rounded to dtype (and, with lazy_keys, each
+    row's exponent offset taken from its first lazy_keys keys only), then the output rounded."""
+    s = (q @ k.transpose(-1, -2)) * scale
+    m = (s[..., :lazy_keys] if lazy_keys else s).amax(-1, keepdim=True)
+    p = torch.exp(s - m)
+    out = (p.to(dtype).double() @ v) / p.sum(-1, keepdim=True)
+    return out.to(dtype)
+
+
+def rows(B, H, N, dk, dv, dtype, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    # Channel-first split views of one conv output, as the blocks hand them over.
+    x = torch.randn(B, H * (2 * dk + dv), N, generator=gen).to(device, dtype)
+    q, k, v = (t.transpose(2, 3) for t in x.view(B, H, 2 * dk + dv, N).split([dk, dk, dv], 2))
+    scale = dk ** -0.5
+    q64, k64, v64 = (t.double() for t in (q, k, v))
+    ref = torch.softmax((q64 @ k64.transpose(-1, -2)) * scale, -1) @ v64
+    out = {"exact, rounded once": ref.to(dtype),
+           "P rounded": emulate(q64, k64, v64, scale, dtype),
+           "P rounded, lazy max": emulate(q64, k64, v64, scale, dtype, lazy_keys=64)}
+    runs = {"ours (auto)": ({}, "auto"), "ours, reference kernel": ({}, "reference")}
+    if device == "cuda":
+        runs["ours, mma.sync (no_sm90)"] = ({"no_sm90": True}, "auto")
+    for name, (overrides, impl) in runs.items():
+        ctx = _testing.force(**overrides) if overrides else contextlib.nullcontext()
+        with ctx:
+            out[name] = torch.ops.psa_fa2.fwd(q, k, v, scale, impl)[0]
+    if device == "cuda":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        backends = {"SDPA cuDNN": SDPBackend.CUDNN_ATTENTION, "SDPA flash": SDPBackend.FLASH_ATTENTION,
+                    "SDPA mem-efficient": SDPBackend.EFFICIENT_ATTENTION}
+        for name, backend in backends.items():
+            try:
+                with sdpa_kernel(backend):
+                    out[name] = torch.nn.functional.scaled_dot_product_attention(
+                        q.contiguous(), k.contiguous(), v.contiguous(), scale=scale)
+            except RuntimeError as e:   # a backend that does not take these shapes
+                print(f"  {name}: {str(e).splitlines()[0]}", file=sys.stderr)
+    return {name: rel_err(x, ref) for name, x in out.items()}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--shapes", nargs="+", default=["64x2x400", "16x8x400"], metavar="BxHxN")
+    p.add_argument("--head-dims", nargs="+", default=["32x32", "32x64"], metavar="DKxDV")
+    p.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=["bf16", "fp16"])
+    p.add_argument("--seeds", type=int, default=3)
+    args = p.parse_args()
+    print(f"device: {torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}, "
+          f"psa_fa2_ext {psa_fa2_ext.build_info()['version']}; output error, max over "
+          f"{args.seeds} seeds\n")
+    print("| dtype | dk×dv | B×H×N | source | err out |\n|---|---|---|---|---|")
+    for dtype in args.dtypes:
+        for dims in args.head_dims:
+            dk, dv = map(int, dims.split("x"))
+            for shape in args.shapes:
+                B, H, N = map(int, shape.split("x"))
+                errs = {}
+                for seed in range(args.seeds):
+                    for name, e in rows(B, H, N, dk, dv, DTYPES[dtype], args.device, seed).items():
+                        errs[name] = max(errs.get(name, 0.0), e)
+                for name, e in errs.items():
+                    print(f"| {dtype} | {dims} | {shape} | {name} | {e:.2e} |")
+
+
+if __name__ == "__main__":
+    main()
