@@ -105,10 +105,13 @@ inline at::Tensor in_layout(const at::Tensor& t, Layout layout) {
   return is_channel_first(t) ? t : t.transpose(2, 3).contiguous().transpose(2, 3);
 }
 
-// An uninitialised tensor of like's shape, dtype and device, in `layout`.
-inline at::Tensor empty_like_in_layout(const at::Tensor& like, Layout layout) {
-  const AttnShape s{like.size(0), like.size(1), like.size(2), like.size(3), like.size(3), layout};
-  return empty_in_layout(s, like.size(3), layout, like.options());
+// The gradient of an operand t ([B, H, N, D]): uninitialised, in `layout`, with t's heads in
+// the dim that holds them in t (empty_output_like's rule), so that autograd's view back to t's
+// base is free; e.g. AIFI's [B, N, H, D] head views get [B, N, H * D] gradients, not
+// [B, H, N, D] ones that autograd then copies.
+inline at::Tensor empty_grad_like(const at::Tensor& t, Layout layout) {
+  const AttnShape s{t.size(0), t.size(1), t.size(2), t.size(3), t.size(3), layout};
+  return empty_output_like(t, s, layout, t.options());
 }
 
 }  // namespace psa_fa2

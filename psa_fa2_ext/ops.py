@@ -174,7 +174,9 @@ def _fwd_backward(ctx, dout, _dlse):
     q, k, v, out, lse = ctx.saved_tensors
     layout = _common_layout(q, k, v, out)
     dout = _to_layout(dout, layout)
-    dq, dk, dv = (_new_in_layout(t, t.shape[3], layout) for t in (q, k, v))
+    # Each gradient with its operand's heads where the operand has them (_new_output's rule),
+    # so that autograd's view back to the operand's base is free.
+    dq, dk, dv = (_new_output(t, t.shape[3], layout) for t in (q, k, v))
     torch.ops.psa_fa2.bwd(dout, q, k, v, out, lse, ctx.scale, dq, dk, dv, ctx.impl,
                           torch.are_deterministic_algorithms_enabled(), False)
     return dq, dk, dv, None, None

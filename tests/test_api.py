@@ -449,3 +449,24 @@ def test_attention_on_head_views_of_a_projection(device, dtype, D):
     (ref, dref), (same, dsame) = eager(torch.float64), eager(dtype)
     assert_close_to_reference("out", out, ref, same, dtype)
     assert_close_to_reference("dx", dx, dref, dsame, dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_head_view_gradients_need_no_copy(device, compiled):
+    """AIFI's three projections [B, N, C], each viewed as heads [B, H, N, D]: the backward
+    hands each view a gradient with the view's own strides, so autograd's way back to the
+    projection (transpose, view) is free instead of one copy per projection."""
+    B, N, H, D = 2, 40, 4, 32
+    xs = [torch.randn(B, N, H * D, device=device, requires_grad=True) for _ in range(3)]
+    q, k, v = (x.view(B, N, H, D).transpose(1, 2) for x in xs)
+    seen = []
+    for t in (q, k, v):
+        t.register_hook(seen.append)
+
+    def run(q, k, v):
+        return psa_fa2_ext.attention(q, k, v)
+    out = (torch.compile(run, fullgraph=True, backend="aot_eager") if compiled else run)(q, k, v)
+    out.sum().backward()
+    assert [g.stride() for g in seen] == [q.stride()] * 3
+    assert all(x.grad.is_contiguous() for x in xs)

@@ -186,8 +186,8 @@ struct SeparateQKV : public torch::autograd::Function<SeparateQKV<kOperands>> {
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const Layout layout = common_layout({{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
     const at::Tensor dout = in_layout(swap_block_dims<kOperands>(grads[0]), layout);
-    at::Tensor dq = empty_like_in_layout(q, layout), dk = empty_like_in_layout(k, layout),
-               dv = empty_like_in_layout(v, layout);
+    at::Tensor dq = empty_grad_like(q, layout), dk = empty_grad_like(k, layout),
+               dv = empty_grad_like(v, layout);
     call_bwd(dout, q, k, v, out, lse, ctx->saved_data["scale"].toDouble(), dq, dk, dv,
              ctx->saved_data["impl"].toStringRef());
     return {swap_block_dims<kOperands>(dq), swap_block_dims<kOperands>(dk),
