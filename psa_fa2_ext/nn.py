@@ -123,10 +123,9 @@ def attention_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _reference_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Ultralytics' ``Attention.forward`` verbatim (8.4.x), both branches.
 
-    Used for export and on devices without our kernels (``_keeps_ultralytics_forward``) and
-    for ``format == "coreml"``, which their
-    exporter sets on every ``Attention`` before a CoreML export so that the graph uses
-    ``F.scaled_dot_product_attention``.
+    Used for export and on devices without our kernels (``_keeps_ultralytics_forward``), and
+    for ``format == "coreml"``, which their exporter sets on every ``Attention`` before a
+    CoreML export so that the graph uses ``F.scaled_dot_product_attention``.
     """
     B, C, H, W = x.shape
     N = H * W
