@@ -216,12 +216,12 @@ def _blocks_train_ms(model, step, device, amp, warmup, iters) -> float:
     return total
 
 
-def _model_name(name: str) -> str:
+def model_name(name: str) -> str:
     """A YOLO11 scale (n, s, m, ...) or a full name (yolo12n, rtdetr-l, ...) -> the full name."""
     return f"yolo11{name}" if len(name) == 1 else name
 
 
-def _build(name: str):
+def build_model(name: str):
     from ultralytics.cfg import get_cfg
     from ultralytics.nn.tasks import DetectionModel, RTDETRDetectionModel
 
@@ -245,7 +245,9 @@ def _fake_batch(bs: int, imgsz: int, device, boxes_per_image: int = 8):
     }
 
 
-def _train_run(base, mode, imgsz, bs, device, amp, warmup, iters):
+def train_step(base, mode, imgsz, bs, device, amp):
+    """(model, step): a copy of base in training mode (patched for mode "psa_fa2") and one
+    training step of it on a fake batch, as Ultralytics' trainer runs it."""
     model = copy.deepcopy(base).to(device).train()
     if device.type == "cuda":
         # Ultralytics' trainer does this on CUDA by default (8.4): the qkv conv output is
@@ -265,6 +267,11 @@ def _train_run(base, mode, imgsz, bs, device, amp, warmup, iters):
         scaler.step(opt)
         scaler.update()
 
+    return model, step
+
+
+def _train_run(base, mode, imgsz, bs, device, amp, warmup, iters):
+    model, step = train_step(base, mode, imgsz, bs, device, amp)
     ms, peak = _measure(step, device, warmup, iters)
     return ms, peak, _blocks_train_ms(model, step, device, amp, warmup, iters)
 
@@ -539,10 +546,10 @@ def main(argv=None) -> dict:
     base, base_scale = None, None
     for kind, scale, imgsz, mode in _progress(jobs, "bench_model"):
         if scale != base_scale:  # build each model once, copy it per run
-            base, base_scale = _build(_model_name(scale)), scale
+            base, base_scale = build_model(model_name(scale)), scale
         n_iters = args.iters or 3
         warmup, iters = (min(args.warmup, 1), min(n_iters, 2)) if imgsz >= args.big else (args.warmup, n_iters)
-        job = {"model": _model_name(scale), "mode": mode, "imgsz": imgsz}
+        job = {"model": model_name(scale), "mode": mode, "imgsz": imgsz}
         if mode == "both":
             iters = args.iters or _cpu_iters(imgsz)
             try:

@@ -1,13 +1,13 @@
 """PNG plots of the benchmark results (matplotlib, no display needed).
 
-- ``plot_model_memory``: peak memory of YOLO11 inference by image size, eager vs
+- ``plot_model_memory``: peak memory of model inference by image size, eager vs
   psa_fa2, from the JSON written by ``bench/bench_model.py``.
 - ``plot_kernel_speedup``: kernel-level ratio by sequence length N, one line per
   (peer, dtype, pass), from the JSON written by ``bench/bench_attention.py``. That file
   is someone else's and may change shape, so the reader accepts several spellings of
   each field and skips rows it can't place rather than failing.
 
-Command line: ``python bench/plots.py --model R.json --attention A.json --out DIR``.
+Command line: ``python bench/plots.py --model R.json [R2.json ...] --attention A.json --out DIR``.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def plot_model_memory(results: dict, path: str | Path) -> Path | None:
     ax.set_xlabel("image size (px, square, batch 1)")
     ax.set_ylabel("peak allocated memory (MiB)")
     meta = results.get("meta", {})
-    ax.set_title(f"YOLO11 inference peak memory ({meta.get('infer_dtype', '')}, {meta.get('device', '')})", fontsize=10)
+    ax.set_title(f"Inference peak memory ({meta.get('infer_dtype', '')}, {meta.get('device', '')})", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -227,14 +227,16 @@ def plot_kernel_speedup(attention_json: str | Path, path: str | Path) -> Path | 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", help="JSON from bench/bench_model.py")
+    ap.add_argument("--model", nargs="+", help="JSON from bench/bench_model.py (several: one plot)")
     ap.add_argument("--attention", help="JSON from bench/bench_attention.py")
     ap.add_argument("--out", default="bench/results", help="folder for the PNGs")
     args = ap.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.model:
-        print(plot_model_memory(json.loads(Path(args.model).read_text()), out / "model_memory.png"))
+        runs = [json.loads(Path(f).read_text()) for f in args.model]
+        merged = {"meta": runs[0]["meta"], "infer": [r for run in runs for r in run.get("infer", [])]}
+        print(plot_model_memory(merged, out / "model_memory.png"))
     if args.attention:
         print(plot_kernel_speedup(args.attention, out / "kernel_speedup.png"))
 

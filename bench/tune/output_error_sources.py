@@ -10,7 +10,8 @@ emulations compute in float64 on the same device and round only where they say:
 - "P rounded": the probabilities rounded to the dtype before P V, row sums from unrounded P
   (FlashAttention-2's scheme), the rest exact;
 - "P rounded, lazy max": the same with each row's reference max that of its first 64 keys, so
-  probabilities reach 2^8 as in our Hopper forward.
+  probabilities reach 2^8 as in our Hopper forward before it took the exact max (its error
+  matched this row on an H100: bench/results/h100-2026-12-07-dd74569).
 A kernel well above "P rounded" rounds somewhere else too; the kernel rows name which of ours
 ran (psa_fa2_ext._testing.force)."""
 import argparse

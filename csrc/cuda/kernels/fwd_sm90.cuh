@@ -33,21 +33,13 @@
 // kernel relies on its 4 CTAs per SM (118-126 registers, 28 KB of shared memory; 2 CTAs at the
 // 2-byte copies of odd N) to overlap one CTA's softmax with the others' MMAs.
 //
-// The softmax checks its max instead of taking it. The running row max moves only when it
-// grows by more than 2^8 (mma_softmax::kLazyMaxSlack), which most tiles of a long row never
-// make it do; so past the first tile the kernel exponentiates against the reference max it
-// has, and only when a probability of a stored row comes out above 2^8 (after the bf16 / fp16
-// rounding; inf and NaN included) does the warpgroup recompute S for that tile and take the
-// lazy-max path (new max, rescaled O). The decision is taken by the barrier of the next step
-// (__syncthreads_or), because the recomputation is a wgmma and so must be taken by all four
-// warps together. That drops the max tree, its shuffles, the alpha exponentials and the
-// rescale vote from the common step (about 40 of its 270 instructions per warp, 2 of its 34
-// MUFU ops) and gives the same probabilities as taking the lazy max every tile, in less time.
-// The three-warpgroup kernel decides per warp instead (kWarpRedo), where its barrier would
-// publish no copies anyway: a warp whose rows need it recomputes their S on mma.sync
-// (warp_scores, from the stage) right after packing P, so that the step has no warpgroup
-// barrier at all. That measured faster for three warpgroups but not for two, so the
-// two-warpgroup kernel keeps the warpgroup vote.
+// The softmax takes each row's exact running max on every tile (mma_softmax::
+// softmax_probabilities), so a row's largest probability so far is exactly 1 and stays exact
+// when P is rounded to bf16 / fp16 for P V. O is rescaled only where some row of the warp moved
+// its max (alpha is exactly 1 elsewhere). An earlier version skipped the max (exponentiating
+// against the first tile's, redoing a tile whose probabilities passed 2^8): 1.5-9% faster
+// forwards, but probabilities up to 2^8 lost bits in that rounding and the output error doubled
+// at head dim 32 (docs/numerics.md).
 //
 // At long rows a step is bound by its exponentials: the MUFU computes them at about two thirds
 // of its rate while the products fill the tensor cores, and a warpgroup issuing its products
@@ -85,20 +77,14 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static constexpr bool kKVImages = kKVRead != KVRead::kRows;
   static_assert(!kKVImages || kCF, "tile images of channel-first K and V");
   // 64-row warpgroups per CTA. With tile images, 2 or 3 (kTileImages2wg / kTileImages3wg): all
-  // read each stage; each takes its lazy-max decision at its own named barrier (or each warp its
-  // own, with kWarpRedo) and releases a stage through an "empty" mbarrier, which the copying
-  // thread waits on before refilling it.
+  // read each stage, and each warp releases a stage through an "empty" mbarrier, which the
+  // copying thread waits on before refilling it.
   static constexpr int kWarpgroups =
       kKVRead == KVRead::kTileImages3wg ? 3 : kKVRead == KVRead::kTileImages2wg ? 2 : 1;
   static constexpr int kCtaThreads = 128 * kWarpgroups;
-  static constexpr bool kWarpRedo = kKVRead == KVRead::kTileImages3wg;
   static constexpr int kRowsPerCta = kBlockM * kWarpgroups;
-  // Each lane's row sums of a tile, used only where the tile is not redone, are left by ptxas
-  // after the redo vote, as a chain of dependent FADDs at the end of the step. With tile images
-  // they are pinned among the exponentials instead (kEarlySums), the two-warpgroup kernel adding
-  // them up as a tree (kSumTree), the three-warpgroup one in order: what measured fastest for
-  // each. The row kernels keep the chain after the vote, where neither change gained.
-  static constexpr bool kEarlySums = kKVImages;
+  // Each lane's row sums of a tile: a tree of FADDs in the two-warpgroup image kernel, a chain
+  // in the others (mma_softmax::exponentiate_row), as measured fastest for each.
   static constexpr bool kSumTree = kKVRead == KVRead::kTileImages2wg;
   // Tiles of 64 keys (one wgmma n64 / one 128-byte swizzle atom per row); one softmax step
   // takes kSubTiles of them: 2 with three warpgroups, else 1.
@@ -164,42 +150,6 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   static constexpr int kMinBlocks =
       kWarpgroups == 3 ? 1 : (kSubTiles == 1 && kKVVecBytes != 2 ? 4 : 2) / kWarpgroups;
 };
-
-// Whether any of the 128 threads that meet at named barrier kId passes pred.
-template <int kId>
-__device__ __forceinline__ bool barrier_or(bool pred) {
-  uint32_t any;
-  asm volatile(
-      "{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbarrier.cta.red.or.pred q, %2, 128, p;\n"
-      "selp.u32 %0, 1, 0, q;\n}\n"
-      : "=r"(any)
-      : "r"(static_cast<uint32_t>(pred)), "n"(kId)
-      : "memory");
-  return any != 0;
-}
-// The same over warpgroup wg (0 .. kWarpgroups - 1) of the CTA, at barrier 1 + wg (0 is
-// __syncthreads'). The ids are immediates: with a register id ptxas reserves all 16 barriers for
-// the kernel.
-template <int kWarpgroups>
-__device__ __forceinline__ bool warpgroup_sync_or(int wg, bool pred) {
-  if constexpr (kWarpgroups <= 2) {
-    return wg == 0 ? barrier_or<1>(pred) : barrier_or<2>(pred);
-  } else {
-    switch (wg) {
-      case 0: return barrier_or<1>(pred);
-      case 1: return barrier_or<2>(pred);
-      case 2: return barrier_or<3>(pred);
-      default: return barrier_or<4>(pred);
-    }
-  }
-}
-
-// %laneid, read where it is used (volatile: not hoisted or merged with threadIdx.x % 32).
-__device__ __forceinline__ int lane_id() {
-  int lane;
-  asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(lane));
-  return lane;
-}
 
 template <DType kDtype, int kDk, int kDv, Layout kLayout, int kVecBytes, KVRead kKVRead, int kKVVecBytes>
 __global__ void __launch_bounds__(
@@ -299,27 +249,10 @@ __global__ void __launch_bounds__(
       bulk_copy::wait(empty_bars + 8 * (j & Tr::kStageMask), ((j / Tr::kStages) & 1) ^ 1);
     }
   };
-  // A warp that only ran wgmmas on a stage (the async proxy, done once their wait returns)
-  // releases it with one arrival, from lane 0. With kWarpRedo a stage's empty barrier counts
-  // 32 arrivals per warp instead: lane 0 makes all 32 at once, but a warp that also read the
-  // stage on mma.sync (the redo's ldmatrix, whose lanes read for each other) arrives from every
-  // lane, each after its own reads, so that each read is ordered before the bulk copy that
-  // refills the stage. (Lane 0 arriving for all after a __syncwarp is ordered too, but
-  // compute-sanitizer's racecheck does not follow that chain and reports the reads.)
-  constexpr uint32_t kArrivalsPerWarp = Tr::kWarpRedo ? 32 : 1;
-  bool warp_read_stage = false;  // kWarpRedo: this warp redid the tile it releases next
+  // A warp reads a stage only through wgmmas (the async proxy, done once their wait returns),
+  // so it releases the stage with one arrival, from lane 0.
   auto release_image = [&](int j) {
-    const uint32_t bar = empty_bars + 8 * (j & Tr::kStageMask);
-    if constexpr (Tr::kWarpRedo) {
-      if (warp_read_stage) {
-        bulk_copy::arrive(bar, 1);
-        warp_read_stage = false;
-      } else if (lane == 0) {
-        bulk_copy::arrive(bar, kArrivalsPerWarp);
-      }
-    } else if (lane == 0) {
-      bulk_copy::arrive(bar);
-    }
+    if (lane == 0) bulk_copy::arrive(empty_bars + 8 * (j & Tr::kStageMask));
   };
 
   if constexpr (Tr::kKVImages) {
@@ -328,7 +261,7 @@ __global__ void __launch_bounds__(
 #pragma unroll
       for (int i = 0; i < Tr::kStages; ++i) {
         bulk_copy::init_barrier(full_bars + 8 * i, 1);
-        bulk_copy::init_barrier(empty_bars + 8 * i, kArrivalsPerWarp * 4 * kWarpgroups);
+        bulk_copy::init_barrier(empty_bars + 8 * i, 4 * kWarpgroups);
       }
       bulk_copy::fence_barrier_init();
     }
@@ -414,38 +347,6 @@ __global__ void __launch_bounds__(
 #pragma unroll
     for (int kk = 0; kk < kPVSteps; ++kk) pack_a_fragment<kDtype>(pf[kk], s, kk);
   };
-  // Whether a packed probability of this thread's stored rows (rows past N, whose Q may be
-  // anything, do not count) is above 2^kLazyMaxSlack, inf or NaN. A tree of 16-bit maxima over
-  // the bit patterns, which order like the values (all are >= +0). pf[kk][0] and pf[kk][2]
-  // hold row g, pf[kk][1] and pf[kk][3] row g + 8.
-  const bool row_g_stored = m0 + warp * 16 + lane / 4 < N;
-  const bool row_g8_stored = m0 + warp * 16 + lane / 4 + 8 < N;
-  auto above_slack = [&](const uint32_t (&pf)[kPVSteps][4]) {
-    constexpr uint32_t kLimit = kDtype == DType::kBFloat16 ? 0x4380u : 0x5C00u;  // 2^8
-    static_assert(mma_softmax::kLazyMaxSlack == 8.f, "kLimit is 2^8");
-    uint32_t m[2][2 * kPVSteps];  // [row g / g + 8][register]
-#pragma unroll
-    for (int kk = 0; kk < kPVSteps; ++kk) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        m[r][2 * kk] = pf[kk][r];
-        m[r][2 * kk + 1] = pf[kk][r + 2];
-      }
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-#pragma unroll
-      for (int w = 1; w < 2 * kPVSteps; w *= 2) {
-#pragma unroll
-        for (int i = 0; i + w < 2 * kPVSteps; i += 2 * w) {
-          asm("max.u16x2 %0, %0, %1;\n" : "+r"(m[r][i]) : "r"(m[r][i + w]));
-        }
-      }
-    }
-    auto above = [](uint32_t x) { return (x & 0xffffu) > kLimit || (x >> 16) > kLimit; };
-    return (row_g_stored && above(m[0][0])) || (row_g8_stored && above(m[1][0]));
-  };
-
   float s[kSTiles][4];
   float o[kOTiles][4];
 #pragma unroll
@@ -453,12 +354,6 @@ __global__ void __launch_bounds__(
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.f, 0.f};
   float alpha[2];
-  // The exponentials' offsets (-(the rows' reference max)), this lane's row sums of the last
-  // tile and whether that tile must be redone, which the next barrier (or, with kWarpRedo, the
-  // warp itself) settles.
-  float neg_m[2];
-  float sums[2] = {0.f, 0.f};
-  bool above = false;
 
   wgmma::fence();
   issue_s(s, 0);
@@ -469,79 +364,17 @@ __global__ void __launch_bounds__(
                                                                   scale_log2, alpha);  // o = 0
 
   uint32_t pf[kPVSteps][4];
-  // The reference max: the first tile's. The steps pack P as they finish.
-  auto set_offsets = [&] {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) neg_m[r] = row_max[r] == -INFINITY ? 0.f : -row_max[r];
-  };
-  set_offsets();
   pack_p(s, pf);
-  // Tile i's scores, in s, through the lazy-max path: a new max where it grew by more than the
-  // slack, O rescaled, P packed again.
-  auto take_lazy_max = [&](int i, auto is_last) {
-    if constexpr (decltype(is_last)::value) mma_softmax::mask_keys_past(s, i * kBlockN, N, t);
-    mma_softmax::softmax_probabilities<kSTiles, true, Tr::kSumTree>(s, row_max, row_sum,
-                                                                    scale_log2, alpha);
-    set_offsets();
-    mma_softmax::rescale_rows(o, alpha);
-    pack_p(s, pf);
-  };
-  auto count_sums = [&] {
-    row_sum[0] += sums[0];
-    row_sum[1] += sums[1];
-  };
-  // Every wgmma reads what other threads copied: the copies in flight (K tile i + 1, V tile i)
-  // must have landed (cp.async wait), be made visible to the async proxy and be published by a
-  // barrier. That barrier also decides, for the whole warpgroup (the wgmmas are
-  // warpgroup-wide), whether tile i (the last one exponentiated) must be redone: then S_i again
-  // (K_i is still in its stage: the copies that refill it come after this), the lazy-max path
-  // and O (which holds the products of the tiles before i) rescaled. Else its sums count.
-  // (With kWarpRedo the warps decide at the end of each step instead: redo_warp_rows.)
-  auto settle_tile = [&](int i, auto is_last) {
-    if constexpr (Tr::kWarpRedo) return;
+  // Row copies: every wgmma reads what other threads copied, so the copies in flight (K tile
+  // j + 1, V tile j) must have landed (cp.async wait), be made visible to the async proxy and
+  // be published by a barrier. Tile images need none of it: each thread waits on the stage's
+  // mbarrier itself.
+  auto publish_copies = [&] {
     if constexpr (!Tr::kKVImages) {
       cp_async_wait<0>();
       wgmma::fence_proxy_async_shared();
+      __syncthreads();
     }
-    const bool redo = kWarpgroups == 1 ? __syncthreads_or(above)
-                                       : warpgroup_sync_or<kWarpgroups>(wg, above);
-    if (!redo) {
-      count_sums();
-      return;
-    }
-    wgmma::fence();
-    issue_s(s, i);
-    wgmma::wait_group<0>();
-    wgmma::pin(s);
-    take_lazy_max(i, is_last);
-  };
-  // kWarpRedo: with tile images nothing else needs the warpgroup's warps together at the
-  // step's start, so each warp decides for its own 16 rows as soon as it has packed P_j, and
-  // redoes them on mma.sync (the products are warpgroup-wide): S_j of its rows again from the
-  // stage (which the warp releases only in the next step), the lazy-max path, its rows of O
-  // (every product before P_j V_j has landed) rescaled. A row's probabilities are those of the
-  // warpgroup-wide redo; only S_j's rounding may differ, mma.sync summing its k16 steps its own
-  // way.
-  auto redo_warp_rows = [&](int j, auto is_last) {
-    if (!__any_sync(0xffffffffu, above)) {
-      count_sums();
-      return;
-    }
-    // The lane index read again here keeps ptxas from computing this rare path's ldmatrix
-    // addresses ahead of the loop, where they took registers (and spilled, at 168).
-    const int lane_here = lane_id();
-#pragma unroll
-    for (int u = 0; u < kSub; ++u) {
-      auto& su = *reinterpret_cast<float(*)[kTileN / 8][4]>(&s[u * kTileN / 8]);
-      warp_scores<KTile, kCF, kDtype>(
-          su, qf, sK + (j & Tr::kStageMask) * Tr::kKStageStride + u * Tr::kKSubStride,
-          lane_here);
-    }
-    // Those were generic-proxy reads of a stage that a bulk copy (the async proxy) refills once
-    // the warp has released it: ordered before that release, which every lane makes.
-    wgmma::fence_proxy_async_shared();
-    warp_read_stage = true;
-    take_lazy_max(j, is_last);
   };
   // Tile j >= 1. Only the last tile can be partial; the others take no branch between issue and
   // wait, which ptxas would otherwise answer by waiting for every product at the branch.
@@ -549,11 +382,10 @@ __global__ void __launch_bounds__(
     constexpr bool kLast = decltype(is_last)::value;
     // Row copies: K tile j and V tile j-1 landed; every thread is past tile j-1's products, so
     // K stage (j+1) % 2 and V stage j % 2 may be refilled.
-    settle_tile(j - 1, std::false_type{});
+    publish_copies();
     if constexpr (Tr::kKVImages) {
-      // Every thread is past tile j - 2's P V (this warpgroup's: the barrier above, or with
-      // kWarpRedo the empty barrier; the others': the empty barrier): its stage takes tile
-      // j + kPrefetchSteps.
+      // Once every warp is past tile j - 2's P V (the stage's empty barrier), its stage takes
+      // tile j + kPrefetchSteps.
       if (tid == 0 && j + Tr::kPrefetchSteps < n_tiles) {
         wait_stage_free(j + Tr::kPrefetchSteps);
         copy_image(j + Tr::kPrefetchSteps);
@@ -573,21 +405,21 @@ __global__ void __launch_bounds__(
     wgmma::wait_group<1>();
     wgmma::pin(s);
     if constexpr (kLast) mma_softmax::mask_keys_past(s, j * kBlockN, N, t);
-    mma_softmax::exponentiate<kSTiles, Tr::kSumTree>(s, neg_m, scale_log2, sums);
-    if constexpr (Tr::kEarlySums) asm volatile("" : "+f"(sums[0]), "+f"(sums[1]));
-    wgmma::wait_group<0>();  // P_{j-1} V_{j-1} is done with pf
+    mma_softmax::softmax_probabilities<kSTiles, false, Tr::kSumTree>(s, row_max, row_sum,
+                                                                    scale_log2, alpha);
+    wgmma::wait_group<0>();  // P_{j-1} V_{j-1} is done with pf, and O may be rescaled
     wgmma::pin(o);
     wgmma::pin(pf);
-    if constexpr (Tr::kKVImages) release_image(j - 1);  // its S was redone, if at all, above
+    if constexpr (Tr::kKVImages) release_image(j - 1);
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f))
+      mma_softmax::rescale_rows(o, alpha);
     pack_p(s, pf);
-    above = above_slack(pf);
-    if constexpr (Tr::kWarpRedo) redo_warp_rows(j, is_last);
   };
   for (int j = 1; j + 1 < n_tiles; ++j) tile_step(j, std::false_type{});
   if (n_tiles > 1) tile_step(n_tiles - 1, std::true_type{});
 
   // The last tile's P V.
-  settle_tile(n_tiles - 1, std::true_type{});
+  publish_copies();
   wgmma::pin(o);
   wgmma::fence();
   issue_pv(o, pf, n_tiles - 1);

@@ -60,8 +60,9 @@ __device__ __forceinline__ void mask_keys_from(float (&s)[kTiles][4], int n0, in
 //
 // kLazyMax: the reference max only moves when the row max grows by more than kLazyMaxSlack
 // (log2 units), so most tiles of a long row keep alpha = 1 and can skip the rescale. The
-// probabilities are then up to 2^kLazyMaxSlack = 256 instead of 1: exact in fp32, and their
-// bf16 / fp16 roundings keep the same relative error (far from either format's range limit).
+// probabilities are then up to 2^kLazyMaxSlack = 256 instead of 1. Only the TF32 forward uses
+// it: rounded to 16 bits for P V, a row's largest probability is no longer exact (it is 1
+// under the exact max), which doubled the 16-bit forwards' output error (docs/numerics.md).
 constexpr float kLazyMaxSlack = 8.f;
 
 // Row r (0: g, 1: g + 8) of softmax_probabilities' first half: the row's new running max, the
@@ -126,15 +127,6 @@ __device__ __forceinline__ void softmax_probabilities(float (&s)[kTiles][4], flo
     row_sum[r] = row_sum[r] * alpha[r] +
                  exponentiate_row<kTiles, kSumTree>(s, r, neg_m[r], scale_log2);
   }
-}
-
-// Both rows' exponentials against given offsets, without a max: this lane's row sums of them.
-template <int kTiles, bool kSumTree = false>
-__device__ __forceinline__ void exponentiate(float (&s)[kTiles][4], const float (&neg_m)[2],
-                                             float scale_log2, float (&sums)[2]) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r)
-    sums[r] = exponentiate_row<kTiles, kSumTree>(s, r, neg_m[r], scale_log2);
 }
 
 // Rows g and g + 8 of an accumulator of C fragments (16 rows x 8 * kOTiles) times alpha.
