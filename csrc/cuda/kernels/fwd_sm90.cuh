@@ -37,7 +37,7 @@
 // softmax_probabilities), so a row's largest probability so far is exactly 1 and stays exact
 // when P is rounded to bf16 / fp16 for P V. O is rescaled only where some row of the warp moved
 // its max (alpha is exactly 1 elsewhere). An earlier version skipped the max (exponentiating
-// against the first tile's, redoing a tile whose probabilities passed 2^8): 1.5-9% faster
+// against the first tile's, redoing a tile whose probabilities passed 2^8): 2-10% faster
 // forwards, but probabilities up to 2^8 lost bits in that rounding and the output error doubled
 // at head dim 32 (docs/numerics.md).
 //
