@@ -27,17 +27,23 @@ def aattn_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """
     B, _, H, W = x.shape
     N = H * W
+    qkv = m.qkv(x)
     # Ultralytics' own views (area 1), which hold in either memory format of the conv output.
     q, k, v = (
-        m.qkv(x).flatten(2).transpose(1, 2)
+        qkv.flatten(2).transpose(1, 2)
         .view(B, N, m.num_heads, m.head_dim * 3)
         .permute(0, 2, 3, 1)
         .split([m.head_dim, m.head_dim, m.head_dim], dim=2)
     )
     x = psa_attention(q, k, v, m.head_dim ** -0.5, area=m.area)
     x = x.view(B, m.all_head_dim, H, W)
-    v = v.reshape(B, m.all_head_dim, H, W)  # the copy Ultralytics makes of v too
-    x = x + m.pe(v)
+    # v as an image for pe: one copy (Ultralytics makes two), in the conv output's memory
+    # format, which pe's convolution (of the same model) then reads without converting it.
+    channels_last = not qkv.is_contiguous() and qkv.is_contiguous(memory_format=torch.channels_last)
+    v_image = torch.empty((B, m.all_head_dim, H, W), dtype=v.dtype, device=v.device,
+                          memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    v_image.view(B, m.num_heads, m.head_dim, N).copy_(v)
+    x = x + m.pe(v_image)
     return m.proj(x)
 
 

@@ -91,6 +91,20 @@ def test_aattn_channels_last_matches_ultralytics_float64(area):
     compare(theirs, ours, x.contiguous(memory_format=torch.channels_last))
 
 
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last],
+                         ids=["contiguous", "channels_last"])
+def test_aattn_hands_pe_v_in_the_models_memory_format(memory_format):
+    """The copy of v that pe convolves is in the model's memory format (Ultralytics' is
+    contiguous, which a channels_last pe then converts: one more copy)."""
+    block = AAttn(64, 2, 4).double().to(memory_format=memory_format)
+    patch_ultralytics(block)
+    seen = []
+    block.pe.register_forward_pre_hook(lambda m, args: seen.append(args[0]))
+    x = torch.randn(2, 64, 8, 12, dtype=torch.float64).contiguous(memory_format=memory_format)
+    block(x)
+    assert seen[0].is_contiguous(memory_format=memory_format)
+
+
 def test_aattn_attention_carries_weight():
     """The comparison above can fail: zeroing the attention moves the block's output a lot."""
     gen = torch.Generator().manual_seed(0)
