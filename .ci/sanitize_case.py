@@ -51,13 +51,13 @@ def images():
     # The wgmma forward on K / V tile images (bulk copies, mbarriers, CTAs of two and of three
     # warpgroups; Hopper): one partial tile, 26 tiles with a partial last one (2-byte Q / out rows)
     # and 26 whole ones (16-byte rows), 13 steps of two tiles for three warpgroups; at 1601 the
-    # last CTA's third warpgroup has no rows. Each also with rising scores (tiles redone). At
+    # last CTA's third warpgroup has no rows. Each also with rising scores (O rescaled). At
     # dv = 64 and 32.
     for warpgroups, N, dv in itertools.product((2, 3), (37, 1601, 1664), (64, 32)):
         with _testing.force(kv_images="always", kv_image_warpgroups=warpgroups):
             q, k, v = channel_first_views(N, dv=dv)
             torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
-            # Scores rising along the keys: the row max jumps, and tiles are redone.
+            # Scores rising along the keys: the row max jumps, and O is rescaled.
             q[..., 0] = 1
             k[..., 0] = torch.linspace(0, 48 / (32 ** -0.5 * 1.4426950408889634), N, device="cuda")
             torch.ops.psa_fa2.fwd(q, k, v, 32 ** -0.5, "fast")
