@@ -30,7 +30,7 @@
 // that product reads. ptxas places that second wait early among the exponentials (it does not
 // model what the wait costs, and neither a dependency on the softmax's end nor a shared-memory
 // store kept it later), so the overlap of one CTA's softmax with its own P V is small; the
-// kernel relies on its 4 CTAs per SM (118-126 registers, 28 KB of shared memory; 2 CTAs at the
+// kernel relies on its 4 CTAs per SM (107-128 registers, 28 KB of shared memory; 2 CTAs at the
 // 2-byte copies of odd N) to overlap one CTA's softmax with the others' MMAs.
 //
 // The softmax takes each row's exact running max on every tile (mma_softmax::
@@ -143,7 +143,7 @@ struct Sm90FwdTraits : FwdTraits<kDtype, kDk, kDv, kLayout, kVecBytes> {
   // The access width the K / V row copiers are built for (unused with tile images).
   static constexpr int kKVRowVecBytes = kKVImages ? 16 : kKVVecBytes;
   // Resident CTAs per SM (__launch_bounds__): 4 (<= 128 registers; left at 3, ptxas spends
-  // about 133, which is 3 CTAs per SM; at 4 it uses 118-126, no spills). The 2-byte loads of
+  // about 133, which is 3 CTAs per SM; at 4 it uses 107-128, no spills). The 2-byte loads of
   // K and V at odd N (32 in flight) and two tiles per step need 2 to stay free of spills. With
   // tile images: 2 CTAs of two warpgroups, or 1 of three (<= 168 registers: S of 128 keys is 64
   // of them).
