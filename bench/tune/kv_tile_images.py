@@ -1,7 +1,7 @@
 """Kernel time of the fast forward with K and V as tile images, as aligned rows and as given,
 on a CUDA GPU (Hopper: the copies feed the wgmma kernel).
 
-    python bench/tune/kv_tile_images.py [--dtype bf16] [--shapes 1x2x62500 ...]
+    python bench/tune/kv_tile_images.py [--dtype bf16] [--dv 64] [--shapes 1x2x62500 ...]
 
 For each shape, the block's split views (rows N elements apart) run the forward three ways,
 forced with psa_fa2_ext._testing.force: K / V copied to tile images (kv_images="always"),
@@ -24,7 +24,7 @@ import psa_fa2_ext  # noqa: E402,F401  (registers torch.ops.psa_fa2)
 from psa_fa2_ext import _testing  # noqa: E402
 from bwd_schedules import DTYPES, graph_time_us, parse_shape  # noqa: E402
 
-DK, DV = 32, 64
+DK = 32
 # Each way is the whole set of plan overrides (psa_fa2_ext._testing.force) it runs under.
 WAYS = {
     "images": {"kv_images": "always"},
@@ -52,17 +52,20 @@ def main():
     parser.add_argument("--dtype", choices=list(DTYPES), default="bf16")
     parser.add_argument("--shapes", nargs="+", type=parse_shape,
                         default=[parse_shape(s) for s in DEFAULT_SHAPES], metavar="BxHxN")
+    parser.add_argument("--dv", type=int, choices=[64, 32], default=64,
+                        help="dv: 64 (PSA) or 32 (YOLO12's area attention, RT-DETR-l's AIFI)")
     parser.add_argument("--warpgroups", action="store_true",
                         help="also time the images with each CTA shape forced")
     args = parser.parse_args()
     dtype = DTYPES[args.dtype]
     ways = {**WAYS, **(IMAGE_KERNELS if args.warpgroups else {})}
-    print(f"{torch.cuda.get_device_name()}, {args.dtype}, ({DK}, {DV}), forward, us\n")
+    dv = args.dv
+    print(f"{torch.cuda.get_device_name()}, {args.dtype}, ({DK}, {dv}), forward, us\n")
     print("| B,H,N | " + " | ".join(ways) + " | gain |")
     print("|---|" + "---|" * (len(ways) + 1))
     for B, H, N in args.shapes:
-        qkv = torch.randn(B, H, 2 * DK + DV, N, device="cuda", dtype=dtype).transpose(2, 3)
-        q, k, v = qkv.split([DK, DK, DV], dim=3)
+        qkv = torch.randn(B, H, 2 * DK + dv, N, device="cuda", dtype=dtype).transpose(2, 3)
+        q, k, v = qkv.split([DK, DK, dv], dim=3)
         first = {way: forward_time(q, k, v, ways[way]) for way in ways}
         second = {way: forward_time(q, k, v, ways[way]) for way in reversed(list(ways))}
         cells = [f"{first[w]:.1f} / {second[w]:.1f}" for w in ways]
