@@ -303,9 +303,9 @@ KV_IMAGE_KERNELS = {2: 1, 3: 2}
 @dtypes
 @wgmma_dv
 def test_forward_wgmma_reads_kv_tile_images(N, vec, views, warpgroups, dtype, dv, force):
-    """Forced to tile images of CTAs of 2 / 3 warpgroups, K and V are copied to tile images (one copy for the
-    block's split views, two for separate tensors) and the wgmma kernel that bulk-copies them
-    into CTAs of that many warpgroups runs (Q and out keep their vec-byte
+    """Forced to tile images of CTAs of 2 / 3 warpgroups, K and V are copied to tile images
+    (one copy for the block's split views, two for separate tensors) and the wgmma kernel that
+    bulk-copies them into CTAs of that many warpgroups runs (Q and out keep their vec-byte
     accesses). Its output and lse against float64, on several heads (each has its own images)
     and NaN-filled memory."""
     if not runs_wgmma_kernels():
@@ -482,10 +482,10 @@ def test_backward_fast(N, dk, dv, dtype, layout, deterministic):
 @dtypes
 @wgmma_dv
 def test_backward_fast_wgmma_on_hopper(N, dtype, layout, dv):
-    """On Hopper the schedule (a) of (32, 64) and (32, 32) is the wgmma kernel: every copy width, tails of both
-    the owned keys and the streamed rows (N = 129: a CTA whose first warpgroup owns one key and
-    whose second owns none; N <= 64: the second warpgroup wholly past N), accumulate and
-    overwrite, NaN-filled outputs."""
+    """On Hopper the schedule (a) of (32, 64) and (32, 32) is the wgmma kernel: every copy
+    width, tails of both the owned keys and the streamed rows (N = 129: a CTA whose first
+    warpgroup owns one key and whose second owns none; N <= 64: the second warpgroup wholly
+    past N), accumulate and overwrite, NaN-filled outputs."""
     if not runs_wgmma_kernels():
         pytest.skip("needs a Hopper GPU and a build with sm_90a")
     check_backward("cuda", "fast", N, 32, dv, dtype, layout)
