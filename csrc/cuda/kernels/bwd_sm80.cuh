@@ -746,11 +746,17 @@ __global__ void __launch_bounds__(256)
     __shared__ float part[4][R];
     const int r = threadIdx.x % R, grp = threadIdx.x / R;
     static_assert(256 / R == 4, "4 channel groups");
+    static_assert(kDV % 4 == 0, "kDV / 4 channels per group");
     const int tok = row0 + r;
     float acc = 0.f;
     if (tok < n) {
-      for (int d = grp; d < kDV; d += 4)
+      // A trip count known at compile time puts all of a thread's loads in flight at once; the
+      // loop from grp in steps of 4 compiled to two pairs per trip and waited on each.
+#pragma unroll
+      for (int i = 0; i < kDV / 4; ++i) {
+        const int d = grp + 4 * i;
         acc = fmaf(to_float(o[d * p.out.stride_d + tok]), to_float(dO[d * p.dout.stride_d + tok]), acc);
+      }
     }
     part[grp][r] = acc;
     __syncthreads();
