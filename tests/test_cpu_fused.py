@@ -88,6 +88,35 @@ def test_fp32_error_does_not_grow_with_n():
     assert err <= 2 * eager_err, f"out: relative error {err:.3e} > 2x eager fp32's {eager_err:.3e}"
 
 
+def padded_views(N, row_elems, layout):
+    """q, k, v [1, 2, N, 32] fp32 whose rows (the stride that is not 1) are row_elems apart."""
+    if layout == "channel_first":
+        base = torch.randn(1, 2, 96, row_elems)[..., :N]
+        return (t.transpose(2, 3) for t in base.split(32, dim=2))
+    base = torch.randn(1, 2, N, row_elems)[..., :96]
+    return base.split(32, dim=3)
+
+
+@pytest.mark.parametrize("layout", ["channel_first", "token_major"])
+def test_fp32_tiles_copied_or_read_in_place_agree(isa, layout):
+    """fp32 K / V tiles whose rows lie a multiple of 4 KB apart are copied before the gemms
+    read them (tile_io.h's float_tile), other tiles are read in place: the same values in the
+    same order, so the same bits, forward and backward; both near float64."""
+    N = 300
+    q, k, v = padded_views(N, 1024, layout)  # 4 KB rows: copied
+    q2, k2, v2 = (t.clone() for t in padded_views(N, 1040, layout))  # read in place
+    for a, b in zip((q, k, v), (q2, k2, v2)):
+        b.copy_(a)
+    assert k.stride(3 if layout == "channel_first" else 2) * 4 % 4096 == 0
+    dout = make_dout(1, 2, N, 32, torch.float32, layout)
+    copied = run(q, k, v, dout, 0.2, accumulate_onto_random=False)
+    in_place = run(q2, k2, v2, dout, 0.2, accumulate_onto_random=False)
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), copied, in_place):
+        assert torch.equal(a, b), f"{name} differs between copied and in-place tiles"
+    ref64, eager = forward_reference(q, k, v, 0.2)
+    assert_close_to_reference("out", copied[0], ref64, eager, torch.float32)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("layout", ["channel_first", "token_major"])
 @pytest.mark.parametrize("N", [17, 400, 1025])

@@ -1,6 +1,6 @@
 // Moving tiles between the op's tensors (any dtype, token-major or channel-first) and the
 // fp32 buffers the tile math works on. Every conversion to fp32 happens here, one tile at a
-// time; fp32 K and V tiles are not copied at all but read in place.
+// time; fp32 K and V tiles are read in place where their strides allow (float_tile).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -33,29 +33,33 @@ struct FloatTile {
   int64_t sn, sd;
 };
 
-// fp32 heads are read in place; other dtypes are converted into buf (rows * depth floats),
-// keeping the source's orientation so that the copy reads memory in order.
+// fp32 heads are read in place, unless the rows the gemms step through (the stride that is
+// not 1) lie a multiple of 4 KB apart: every row of the tile then maps to the same L1 set and
+// they evict each other while the gemm sweeps them (docs/cpu_kernels.md). Those tiles and the
+// other dtypes are converted into buf (rows * depth floats), keeping the source's orientation
+// so that the copy reads memory in order. (Copying every fp32 tile would cost the forward a
+// pass over each K / V tile per query tile where in place costs nothing.)
 template <typename T>
 FloatTile float_tile(const HeadView<const T>& x, int64_t n0, int64_t rows, int64_t depth,
                      float* buf) {
   if constexpr (std::is_same_v<T, float>) {
-    return {x.ptr + n0 * x.sn, x.sn, x.sd};
-  } else {
-    if (x.sn == 1) {  // channel-first: buf[d][n]
-      for (int64_t d = 0; d < depth; ++d) {
-        const T* src = x.ptr + n0 + d * x.sd;
-        float* dst = buf + d * rows;
-        for (int64_t n = 0; n < rows; ++n) dst[n] = static_cast<float>(src[n]);
-      }
-      return {buf, 1, rows};
-    }
-    for (int64_t n = 0; n < rows; ++n) {  // token-major: buf[n][d]
-      const T* src = x.ptr + (n0 + n) * x.sn;
-      float* dst = buf + n * depth;
-      for (int64_t d = 0; d < depth; ++d) dst[d] = static_cast<float>(src[d * x.sd]);
-    }
-    return {buf, depth, 1};
+    const int64_t row_stride = x.sn == 1 ? x.sd : x.sn;
+    if ((row_stride * int64_t(sizeof(float))) % 4096 != 0) return {x.ptr + n0 * x.sn, x.sn, x.sd};
   }
+  if (x.sn == 1) {  // channel-first: buf[d][n]
+    for (int64_t d = 0; d < depth; ++d) {
+      const T* src = x.ptr + n0 + d * x.sd;
+      float* dst = buf + d * rows;
+      for (int64_t n = 0; n < rows; ++n) dst[n] = static_cast<float>(src[n]);
+    }
+    return {buf, 1, rows};
+  }
+  for (int64_t n = 0; n < rows; ++n) {  // token-major: buf[n][d]
+    const T* src = x.ptr + (n0 + n) * x.sn;
+    float* dst = buf + n * depth;
+    for (int64_t d = 0; d < depth; ++d) dst[d] = static_cast<float>(src[d * x.sd]);
+  }
+  return {buf, depth, 1};
 }
 
 // dst[d][r] = factor * x(n0 + r, d) for r < rows, 0 for rows <= r < ld: a tile's rows as the
