@@ -104,10 +104,11 @@ def test_fp32_tiles_copied_or_read_in_place_agree(isa, layout):
     same order, so the same bits, forward and backward; both near float64."""
     N = 300
     q, k, v = padded_views(N, 1024, layout)  # 4 KB rows: copied
-    q2, k2, v2 = (t.clone() for t in padded_views(N, 1040, layout))  # read in place
+    q2, k2, v2 = padded_views(N, 1040, layout)  # rows 4160 bytes apart: read in place
     for a, b in zip((q, k, v), (q2, k2, v2)):
-        b.copy_(a)
-    assert k.stride(3 if layout == "channel_first" else 2) * 4 % 4096 == 0
+        b.copy_(a)  # the same values
+    row = 3 if layout == "channel_first" else 2
+    assert k.stride(row) * 4 % 4096 == 0 and k2.stride(row) * 4 % 4096 != 0
     dout = make_dout(1, 2, N, 32, torch.float32, layout)
     copied = run(q, k, v, dout, 0.2, accumulate_onto_random=False)
     in_place = run(q2, k2, v2, dout, 0.2, accumulate_onto_random=False)
