@@ -22,11 +22,11 @@
 //     run of its row tile's key tiles and leaves its normalized output and row sum to
 //     combine_kv_splits.
 //   - The online softmax is the bf16 kernel's (mma_softmax.cuh: rows g, g+8 per lane, max
-//     over the 4 lanes of a row), in base 2 with log2(e) folded into the scale, with the lazy
-//     max of the wgmma kernel: a row's reference max moves only when the max grows by more than
-//     2^8, so most tiles of a long row skip the rescale of O (probabilities reach 256 before
-//     the final normalisation; exact in fp32, and their TF32 roundings keep the same relative
-//     error).
+//     over the 4 lanes of a row), in base 2 with log2(e) folded into the scale, with a lazy
+//     max (mma_softmax.cuh, kLazyMax): a row's reference max moves only when the max grows by
+//     more than 2^8, so most tiles of a long row skip the rescale of O (probabilities reach 256
+//     before the final normalisation; exact in fp32, and their TF32 roundings keep the same
+//     relative error).
 #pragma once
 
 #include "fwd_f32_ffma.cuh"
