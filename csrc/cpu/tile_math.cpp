@@ -16,14 +16,12 @@ extern const TileMath kTileMathAvx2;
 
 namespace {
 
-bool has_avx2_fma() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+bool has_avx2_fma() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#else
-  return false;
-#endif
 }
+#endif
 
 const TileMath* cpu_choice() {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))

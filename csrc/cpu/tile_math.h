@@ -1,5 +1,5 @@
 // The fp32 arithmetic of the fused CPU kernels: a small GEMM, exp2 and the column-wise
-// online softmax, on 8-wide vectors.
+// online softmax, on vectors of one register (8 floats with AVX2, else 4).
 //
 // Both directions work on transposed score tiles, S^T[key][query]: every softmax statistic
 // is a per-query (per-column) value, so max, sum and rescale are plain vertical vector ops
@@ -43,14 +43,14 @@ struct TileMath {
   void (*softmax_update)(int64_t nk, int64_t ncols, float* s, float* m, float* l,
                          float* alpha);
 
-  // p[j][c] = exp2(s[j][c] - lse2[c]) in place (lse2: log2 units). ncols a multiple of 8.
+  // p[j][c] = exp2(s[j][c] - lse2[c]) in place (lse2: log2 units). ncols a multiple of kCols.
   void (*exp2_minus)(int64_t nk, int64_t ncols, float* s, const float* lse2);
 
-  // ds[j][c] = p[j][c] * (dp[j][c] - delta[c]) in place on dp. ncols a multiple of 8.
+  // ds[j][c] = p[j][c] * (dp[j][c] - delta[c]) in place on dp. ncols a multiple of kCols.
   void (*softmax_grad)(int64_t nk, int64_t ncols, const float* p, float* dp,
                        const float* delta);
 
-  // x[r][c] *= f[c] for r < rows. ncols a multiple of 8.
+  // x[r][c] *= f[c] for r < rows. ncols a multiple of kCols.
   void (*scale_columns)(int64_t rows, int64_t ncols, float* x, const float* f);
 };
 

@@ -8,6 +8,7 @@
 #endif
 #define PSA_TILE_ISA avx2
 #define PSA_TILE_TABLE kTileMathAvx2
+#define PSA_TILE_LANES 8
 #include "tile_math_impl.h"
 #if defined(__clang__)
 #pragma clang attribute pop
