@@ -6,8 +6,8 @@
 // The vectors are GCC / Clang vector extensions of PSA_TILE_LANES floats, the width of one
 // register of the target: 8 in the AVX2 copy, 4 (16 bytes: SSE2 on x86-64, NEON on aarch64)
 // in the baseline one. A vector wider than the target's registers is split by the compiler,
-// and GCC then keeps the GEMM's accumulators and the softmax's selects in memory (on aarch64,
-// 54 stack loads and stores per 24 FMAs of the GEMM's inner step). Only <cstdint> is included
+// and GCC then keeps the GEMM's accumulators and the softmax's selects in memory
+// (docs/cpu_kernels.md, "Instruction sets"). Only <cstdint> is included
 // and every helper lives in the per-ISA namespace, so no inline function compiled for AVX2
 // can be shared with (and picked by the linker for) baseline code.
 #include <cstdint>
