@@ -116,6 +116,10 @@ def test_forward_fast_rising_scores(N, dtype, layout, kernel, dv, force):
     assert_lse_close(lse, q, k, scale)
 
 
+def mean_abs_err(x, ref):
+    return (x.double() - ref).abs().mean().item()
+
+
 def p_rounded_once(q, k, v, scale, dtype):
     """softmax(q k^T scale) v in float64 with only the probabilities rounded to dtype before
     P V (row sums of the unrounded ones) and the result rounded once: FlashAttention-2's
@@ -131,10 +135,18 @@ def p_rounded_once(q, k, v, scale, dtype):
 @dtypes
 @wgmma_dv
 def test_forward_16bit_error_is_that_of_rounding_p_once(kernel, layout, dtype, dv, force):
-    """A 16-bit forward's output error against float64 is that of rounding P once (within
-    15%), over many key tiles. Exponentiating against an older max than the row's own (a lazy
-    max) leaves the row's largest probability above 1 and inexact after rounding, which made
-    the output error 1.3-2.1x this on the Hopper kernels."""
+    """A 16-bit forward's output error against float64 is no more than that of rounding P
+    once, over many key tiles. Exponentiating against an older max than the row's own (a lazy
+    max) leaves the row's largest probability above 1 and inexact after rounding.
+
+    The error is the mean |out - ref| over a million outputs; with it (4 seeds each,
+    bench/tune/output_error_sources.py --stat mean) every one of these kernels came to
+    0.977-0.982 of this floor on an H100, as did SDPA's cuDNN, flash and memory-efficient
+    kernels, and a float64 emulation of a lazy max (each row's max of its first 64 keys) to
+    1.027-1.031, each within 0.5% from seed to seed. The max |out - ref|, which this test
+    first compared, is one output's final rounding: 0.86-1.06x for the same kernels and
+    1.00-2.21x for the lazy max over those seeds, and 1.31x on another draw for an exact-max
+    kernel, which failed the 1.15x bound this test then had."""
     if kernel != "default" and not runs_wgmma_kernels():
         pytest.skip("the mma.sync and tile-image kernels are forced only beside the wgmma ones")
     if kernel == "mma_sync":
@@ -147,8 +159,8 @@ def test_forward_16bit_error_is_that_of_rounding_p_once(kernel, layout, dtype, d
     scale = 32 ** -0.5
     ref64 = attention_eager(q.double(), k.double(), v.double(), scale)
     out = torch.ops.psa_fa2.fwd(q, k, v, scale, "fast")[0]
-    floor = rel_err(p_rounded_once(q, k, v, scale, dtype), ref64)
-    assert rel_err(out, ref64) <= 1.15 * floor, (rel_err(out, ref64), floor)
+    floor = mean_abs_err(p_rounded_once(q, k, v, scale, dtype), ref64)
+    assert mean_abs_err(out, ref64) <= floor, (mean_abs_err(out, ref64) / floor)
 
 
 @layouts
