@@ -5,7 +5,10 @@
 # the standard shapes, bf16 and fp16, the two trees' runs alternating. Writes under $OUT:
 # trace_before.txt, trace_after.txt, trace.diff, bench_{before,after}_{1,2}.md, plans.txt.
 #
-#   [ROUNDS=2] [STEPS="build trace bench"] bash bench/tune/before_after.sh BEFORE_SOURCE_TARBALL
+#   [ROUNDS=2] [STEPS="build trace bench"] [BLOCKS="psa aattn aifi"] \
+#       bash bench/tune/before_after.sh BEFORE_SOURCE_TARBALL
+#
+# BLOCKS: the benchmark's blocks to time (default psa; aattn and aifi run (32, 32)).
 #
 # BEFORE_SOURCE_TARBALL: `git archive <commit>` of the earlier tree (bench/results left out
 # keeps it small). A second call on the same machine finds both builds done (ninja rebuilds
@@ -50,8 +53,8 @@ done >"$OUT/plans.txt" 2>&1
 fi
 
 bench() {  # $1: tree, $2: name
-  (cd "$1" && PYTHONPATH=$1 $PY bench/bench_attention.py --peers ours --dtypes bf16 fp16 \
-    --no-step --out "/tmp/bench_$2") >"$OUT/bench_$2.md" 2>"$OUT/bench_$2.err" \
+  (cd "$1" && PYTHONPATH=$1 $PY bench/bench_attention.py --blocks ${BLOCKS:-psa} --peers ours \
+    --dtypes bf16 fp16 --no-step --out "/tmp/bench_$2") >"$OUT/bench_$2.md" 2>"$OUT/bench_$2.err" \
     || tail -20 "$OUT/bench_$2.err"
 }
 case " $STEPS " in *" bench "*)
