@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# A kernel patch timed against the tree it applies to, on one GPU in one call: the current
+# tree is copied as "before", the patches are applied to the current tree ("after"), both are
+# built at once, our kernels are timed in both (before_after.sh, rounds alternating) and the
+# after tree's tests run. Prints the comparison table (compare_runs.py) last.
+#
+#   [ROUNDS=2] [BLOCKS="psa aattn"] [TESTS="tests/test_fast_kernels.py ..."] \
+#       bash bench/tune/patch_ab.sh bench/tune/patches/A.patch [B.patch ...]
+#
+# Run it on a copy of the tree (the GPU host's): it leaves the patches applied. Logs and
+# results go under $OUT (default patch-ab/).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+[ $# -ge 1 ] || { sed -n 2,11p "$0"; exit 2; }
+OUT=${OUT:-patch-ab}
+mkdir -p "$OUT"
+PY=${PY:-python3}
+tar -cf /tmp/patch-ab-before.tar --exclude=./build --exclude=./bench/results --exclude="./$OUT" \
+  --exclude='*.so' .
+for patch in "$@"; do
+  patch -p1 --forward --silent <"$patch" || { echo "$patch does not apply"; exit 1; }
+  echo "applied $patch"
+done
+rm -rf /tmp/before
+OUT=$OUT STEPS="build bench" BLOCKS=${BLOCKS:-psa aattn} bash bench/tune/before_after.sh \
+  /tmp/patch-ab-before.tar || exit 1
+cp /tmp/bench_before_*.json /tmp/bench_after_*.json "$OUT"/ 2>/dev/null
+TESTS=${TESTS:-tests/test_fast_kernels.py tests/test_attention.py tests/test_area_attention.py}
+# shellcheck disable=SC2086
+PYTHONPATH=$PWD $PY -m pytest $TESTS -q -rfE -p no:cacheprovider >"$OUT/tests.log" 2>&1
+echo "tests of the patched tree: $(tail -1 "$OUT/tests.log")"
+grep -E "^(FAILED|ERROR)" "$OUT/tests.log" | head -20
+$PY bench/tune/compare_runs.py --before "$OUT"/bench_before_*.json \
+  --after "$OUT"/bench_after_*.json | tee "$OUT/compare.md"
