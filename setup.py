@@ -3,12 +3,14 @@ a CPU-only one otherwise.
 
 Environment:
   TORCH_CUDA_ARCH_LIST  archs to build (default: the visible GPU's, else "8.0+PTX;9.0a"; a Hopper
-                        GPU's 9.0 becomes 9.0a, which the wgmma kernels need)
+                        GPU's 9.0 becomes 9.0a, which the wgmma kernels need; archs below 8.0,
+                        which the kernels do not support, are left out)
   CUDA_HOME             CUDA toolkit (default: /usr/local/cuda when it has nvcc)
   MAX_JOBS              parallel compile jobs (ninja)
   PSA_FA2_FORCE_CPU=1   build the CPU-only extension even where CUDA is available
 """
 import glob
+import importlib.util
 import os
 import shutil
 import sys
@@ -48,20 +50,32 @@ WITH_CUDA = (
 )
 
 
+def load_cuda_archs():
+    """psa_fa2_ext/_cuda_archs.py, by path: the package is not importable before it is built."""
+    spec = importlib.util.spec_from_file_location(
+        "psa_fa2_cuda_archs", ROOT / "psa_fa2_ext" / "_cuda_archs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def cuda_arch_list():
-    archs = os.environ.get("TORCH_CUDA_ARCH_LIST")
-    if not archs:
-        if torch.cuda.is_available():
-            major, minor = torch.cuda.get_device_capability()
-            # sm_90a code (wgmma) runs on exactly compute capability 9.0, every Hopper GPU.
-            archs = f"{major}.{minor}" + ("a" if (major, minor) == (9, 0) else "")
-        else:
-            # No GPU to ask: Ampere (sm_80, the oldest we support; its SASS runs on every 8.x
-            # GPU) and Hopper (sm_90a), plus compute_80 PTX, which the driver compiles for the
-            # GPUs neither runs (Blackwell and later) on their first launch.
-            archs = "8.0+PTX;9.0a"
-        os.environ["TORCH_CUDA_ARCH_LIST"] = archs
-    return archs
+    archs = load_cuda_archs()
+    requested = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if requested:
+        chosen, dropped = archs.supported(requested)
+    elif torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        chosen = archs.for_gpu(major, minor)
+        dropped = [] if major >= archs.MIN_MAJOR else [f"{major}.{minor} (the visible GPU)"]
+    else:
+        chosen, dropped = archs.DEFAULT, []
+    if dropped:
+        print(f"psa_fa2_ext: no kernels for CUDA arch {', '.join(dropped)}: they need compute "
+              f"capability {archs.MIN_MAJOR}.0; building for {chosen}. GPUs below "
+              f"{archs.MIN_MAJOR}.0 run the ops blockwise on at::matmul.", file=sys.stderr)
+    os.environ["TORCH_CUDA_ARCH_LIST"] = chosen
+    return chosen
 
 
 def nvidia_wheel_includes():
