@@ -21,7 +21,7 @@ def ours_times(paths):
         for r in rows:
             if r["peer"] != "ours" or r["status"] != "ok" or r["kernel_us"] is None:
                 continue
-            key = (r["block"], r["dtype"], r["B"], r["H"], r["N"], r.get("area", 1), r["dk"],
+            key = (r.get("block", "psa"), r["dtype"], r["B"], r["H"], r["N"], r.get("area", 1), r["dk"],
                    r["dv"], r["mode"])
             times.setdefault(key, []).append(r["kernel_us"])
     return times
