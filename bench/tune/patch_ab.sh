@@ -8,20 +8,25 @@
 #       bash bench/tune/patch_ab.sh bench/tune/patches/A.patch [B.patch ...]
 #
 # Run it on a copy of the tree (the GPU host's): it leaves the patches applied. Logs and
-# results go under $OUT (default patch-ab/).
+# results go under $OUT (default patch-ab/). Where one call cannot hold the builds, the rounds
+# and the tests, run ROUNDS=1 first: a second call on the same warm machine (the tree copied
+# afresh) reuses the before tree's build and adds a round with FIRST_ROUND=2 ROUNDS=2.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-[ $# -ge 1 ] || { sed -n 2,11p "$0"; exit 2; }
+[ $# -ge 1 ] || { sed -n 2,13p "$0"; exit 2; }
 OUT=${OUT:-patch-ab}
 mkdir -p "$OUT"
 PY=${PY:-python3}
-tar -cf /tmp/patch-ab-before.tar --exclude=./build --exclude=./bench/results --exclude="./$OUT" \
-  --exclude='*.so' .
+# The same tree gives the same bytes, so that a second call on a warm machine finds its build
+# of the before tree (in /tmp/before) still good and rebuilds nothing.
+tar -cf /tmp/patch-ab-before.tar --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner \
+  --exclude=./build --exclude=./bench/results --exclude="./$OUT" --exclude='*.so' .
+cmp -s /tmp/patch-ab-before.tar /tmp/patch-ab-built.tar || rm -rf /tmp/before
+cp /tmp/patch-ab-before.tar /tmp/patch-ab-built.tar
 for patch in "$@"; do
   patch -p1 --forward --silent <"$patch" || { echo "$patch does not apply"; exit 1; }
   echo "applied $patch"
 done
-rm -rf /tmp/before
 OUT=$OUT STEPS="build bench" BLOCKS=${BLOCKS:-psa aattn} bash bench/tune/before_after.sh \
   /tmp/patch-ab-before.tar || exit 1
 cp /tmp/bench_before_*.json /tmp/bench_after_*.json "$OUT"/ 2>/dev/null
