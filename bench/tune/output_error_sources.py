@@ -15,6 +15,9 @@ emulations compute in float64 on the same device and round only where they say:
   (FlashAttention-2's scheme), the rest exact;
 - "P rounded, online": the same as a FlashAttention-2 kernel does it, over tiles of 128 keys,
   each exponentiated against the running max of the row (exact: each tile's largest raises it);
+- "P rounded, online, rounded sums": the same with the row sums taken of the rounded P, as P V
+  reads it (a kernel that sums P on the tensor cores, with ones after V:
+  bench/tune/patches/sm90_fwd_sums_by_mma.patch);
 - "P rounded, lazy max": the same with each row's reference max that of its first 64 keys, so
   probabilities reach 2^8 as in our Hopper forward before it took the exact max (its error
   matched this row on an H100: bench/results/h100-2026-12-07-dd74569).
@@ -45,8 +48,9 @@ def emulate(q, k, v, scale, dtype, lazy_keys=None):
     return out.to(dtype)
 
 
-def emulate_online(q, k, v, scale, dtype, tile=128):
-    """The same with an online softmax over key tiles: P rounded against the running row max."""
+def emulate_online(q, k, v, scale, dtype, tile=128, rounded_sums=False):
+    """The same with an online softmax over key tiles: P rounded against the running row max;
+    with rounded_sums, the row sums of that rounded P."""
     m = torch.full(q.shape[:-1] + (1,), -torch.inf, dtype=q.dtype, device=q.device)
     acc, rowsum = 0.0, 0.0
     for j in range(0, k.shape[-2], tile):
@@ -54,8 +58,9 @@ def emulate_online(q, k, v, scale, dtype, tile=128):
         m_new = torch.maximum(m, s.amax(-1, keepdim=True))
         alpha = torch.exp(m - m_new)   # 0 on the first tile (m = -inf)
         p = torch.exp(s - m_new)
-        acc = acc * alpha + p.to(dtype).double() @ v[..., j:j + tile, :]
-        rowsum = rowsum * alpha + p.sum(-1, keepdim=True)
+        p_rounded = p.to(dtype).double()
+        acc = acc * alpha + p_rounded @ v[..., j:j + tile, :]
+        rowsum = rowsum * alpha + (p_rounded if rounded_sums else p).sum(-1, keepdim=True)
         m = m_new
     return (acc / rowsum).to(dtype)
 
@@ -79,6 +84,8 @@ def rows(B, H, N, dk, dv, dtype, device, seed, stat):
     out = {"exact, rounded once": ref.to(dtype),
            "P rounded": emulate(q64, k64, v64, scale, dtype),
            "P rounded, online": emulate_online(q64, k64, v64, scale, dtype),
+           "P rounded, online, rounded sums": emulate_online(q64, k64, v64, scale, dtype,
+                                                             rounded_sums=True),
            "P rounded, lazy max": emulate(q64, k64, v64, scale, dtype, lazy_keys=64)}
     runs = {"ours (auto)": ({}, "auto"), "ours, reference kernel": ({}, "reference")}
     if device == "cuda":
