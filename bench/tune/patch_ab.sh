@@ -23,8 +23,20 @@ tar -cf /tmp/patch-ab-before.tar --sort=name --mtime=@0 --owner=0 --group=0 --nu
   --exclude=./build --exclude=./bench/results --exclude="./$OUT" --exclude='*.so' .
 cmp -s /tmp/patch-ab-before.tar /tmp/patch-ab-built.tar || rm -rf /tmp/before
 cp /tmp/patch-ab-before.tar /tmp/patch-ab-built.tar
+# GNU patch, or git apply (which works outside a repository too). Lacking both, apply the
+# patches where they are at hand and time the tree with before_after.sh against a tarball
+# (git archive) of the tree before them.
+apply_patch() {
+  if command -v patch >/dev/null; then
+    patch -p1 --forward --silent <"$1"
+  elif command -v git >/dev/null; then
+    git apply "$1"
+  else
+    echo "neither patch nor git here to apply $1"; return 1
+  fi
+}
 for patch in "$@"; do
-  patch -p1 --forward --silent <"$patch" || { echo "$patch does not apply"; exit 1; }
+  apply_patch "$patch" || { echo "$patch does not apply"; exit 1; }
   echo "applied $patch"
 done
 OUT=$OUT STEPS="build bench" BLOCKS=${BLOCKS:-psa aattn} bash bench/tune/before_after.sh \
