@@ -15,7 +15,8 @@ from .ops import attention, psa_attention
 
 
 def aattn_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``AAttn.forward`` (ultralytics 8.4.x) with ``softmax(q^T k) v`` on ``psa_attention``.
+    """``AAttn.forward`` (ultralytics 8.3.x and 8.4.x) with ``softmax(q^T k) v`` on
+    ``psa_attention``.
 
     Ultralytics splits heads out of the qkv conv output through a token-major view and, with
     ``area > 1``, first copies it to ``[B * area, N / area, 3C]``, an area being a run of
@@ -27,6 +28,9 @@ def aattn_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """
     B, _, H, W = x.shape
     N = H * W
+    # 8.4 keeps this as m.all_head_dim; 8.3's AAttn has no such attribute (8.4 computes it so
+    # for checkpoints pickled by 8.3).
+    all_head_dim = m.num_heads * m.head_dim
     qkv = m.qkv(x)
     # Ultralytics' own views (area 1), which hold in either memory format of the conv output.
     q, k, v = (
@@ -36,11 +40,11 @@ def aattn_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
         .split([m.head_dim, m.head_dim, m.head_dim], dim=2)
     )
     x = psa_attention(q, k, v, m.head_dim ** -0.5, area=m.area)
-    x = x.view(B, m.all_head_dim, H, W)
+    x = x.view(B, all_head_dim, H, W)
     # v as an image for pe: one copy (Ultralytics makes two), in the conv output's memory
     # format, which pe's convolution (of the same model) then reads without converting it.
     channels_last = not qkv.is_contiguous() and qkv.is_contiguous(memory_format=torch.channels_last)
-    v_image = torch.empty((B, m.all_head_dim, H, W), dtype=v.dtype, device=v.device,
+    v_image = torch.empty((B, all_head_dim, H, W), dtype=v.dtype, device=v.device,
                           memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     v_image.view(B, m.num_heads, m.head_dim, N).copy_(v)
     x = x + m.pe(v_image)

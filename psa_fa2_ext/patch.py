@@ -85,8 +85,8 @@ class _FA2AttentionMixin(_PatchedBlock):
     def forward(self, x):
         # Their exporter sets ``format = "coreml"`` to get an SDPA graph: keep their
         # forward (both branches) for that, for graph recorders that can't see our op and on
-        # devices without our kernels.
-        if self.format == "coreml" or _keeps_ultralytics_forward(x):
+        # devices without our kernels. (8.3's Attention has no ``format``.)
+        if getattr(self, "format", None) == "coreml" or _keeps_ultralytics_forward(x):
             return super().forward(x)
         return attention_forward(self, x)
 

@@ -275,6 +275,21 @@ def test_coreml_format_keeps_ultralytics_sdpa_branch(which, monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.trace:FutureWarning")
+def test_attention_without_format_as_in_ultralytics_8_3(monkeypatch):
+    """Ultralytics 8.3's Attention has no ``format`` (8.4 added the class attribute for its
+    CoreML export): a patched block there runs our op rather than failing on the attribute."""
+    torch.manual_seed(0)
+    block = Attention(64, 2).double().eval()
+    x = torch.randn(2, 64, 6, 7, dtype=torch.float64)
+    with torch.no_grad():
+        expected = block(x)
+    monkeypatch.delattr(Attention, "format")
+    patch_ultralytics(block)
+    with torch.no_grad():
+        out = block(x)
+    assert ((out - expected).abs().max() / expected.abs().max()).item() <= 1e-9
+
+
 def test_jit_trace_records_eager_math(monkeypatch):
     theirs, _ = _pair(64, 1, 0.5)
     theirs.eval()

@@ -123,6 +123,23 @@ def test_aattn_attention_carries_weight():
     assert rel_err(without, full) > 0.05
 
 
+def test_aattn_without_all_head_dim_as_in_ultralytics_8_3():
+    """Ultralytics 8.3's AAttn has no ``all_head_dim`` (8.4 adds it, and sets it on blocks
+    unpickled from 8.3 checkpoints); the patched block computes it as 8.4 does. Checked
+    against the 8.4 block before the attribute goes: the same weights and input."""
+    gen = torch.Generator().manual_seed(3)
+    theirs = AAttn(64, 2, 4).double().eval()
+    randomize_bn(theirs, gen)
+    x = torch.randn(2, 64, 8, 12, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        expected = theirs(x)
+    ours = copy.deepcopy(theirs)
+    del ours.all_head_dim
+    patch_ultralytics(ours)
+    with torch.no_grad():
+        assert rel_err(ours(x), expected) <= RTOL64
+
+
 def test_aattn_raises_where_ultralytics_does():
     block = AAttn(64, 2, 4).double()
     ours = copy.deepcopy(block)
