@@ -19,9 +19,10 @@ checkpoint of a patched model loads where psa_fa2_ext is not installed, unpatche
 
 Training: ``YOLO.train()`` trains a model it builds itself, so on a ``YOLO`` object the
 patch also registers a trainer callback that patches that model, its EMA and the model the
-trainer's final validation loads from the best checkpoint; and the ``YOLO`` object's class is
-swapped the same way, for one whose ``train()`` patches the model that Ultralytics reloads from
-that checkpoint at its end. ``predict()`` keeps a copy of the model in a predictor after its
+trainer's final validation loads from the best checkpoint (through the validator's
+``get_model``, which Ultralytics 8.3 lacks: there that validation runs unpatched); and the
+``YOLO`` object's class is swapped the same way, for one whose ``train()`` patches the model
+that Ultralytics reloads from that checkpoint at its end. ``predict()`` keeps a copy of the model in a predictor after its
 first call: patching and unpatching a ``YOLO`` object reach that copy too. Multi-GPU training
 (``device="0,1"``) trains in new processes: Ultralytics (``utils/dist.py``,
 ``generate_ddp_file``) pickles the trainer's class, args, model and callbacks with
@@ -269,7 +270,10 @@ def _patch_trainer_model(trainer) -> None:
     if isinstance(ema, nn.Module):
         patch_ultralytics(ema)
     validator = getattr(trainer, "validator", None)
-    if validator is not None and "get_model" not in vars(validator):
+    # Ultralytics 8.3's validator has no get_model to hook: there the final validation of the
+    # best checkpoint loads it by path and runs Ultralytics' own attention.
+    if (validator is not None and hasattr(validator, "get_model")
+            and "get_model" not in vars(validator)):
         validator.get_model = functools.partial(_patched_validation_model, validator.get_model)
 
 

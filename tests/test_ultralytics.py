@@ -418,6 +418,24 @@ def test_yolo_object_patches_the_training_model():
     assert _patch_trainer_model not in yolo.callbacks[_CALLBACK_EVENT]
 
 
+def test_trainer_whose_validator_has_no_get_model_as_in_ultralytics_8_3():
+    """Ultralytics 8.3's validator has no get_model hook (8.4 added it): the callback patches
+    the trainer's model and EMA and leaves the validator alone (its final validation of the
+    best checkpoint then runs Ultralytics' attention) instead of failing the trainer's setup."""
+    from types import SimpleNamespace
+
+    from psa_fa2_ext.patch import _patch_trainer_model
+
+    fresh = DetectionModel("yolo11n.yaml", verbose=False)
+    validator = SimpleNamespace()
+    trainer = SimpleNamespace(model=fresh, ema=SimpleNamespace(ema=copy.deepcopy(fresh)),
+                              validator=validator)
+    _patch_trainer_model(trainer)
+    assert any(is_patched(m) for m in trainer.model.modules())
+    assert any(is_patched(m) for m in trainer.ema.ema.modules())
+    assert not hasattr(validator, "get_model")
+
+
 def test_subclass_with_own_forward_is_left_alone():
     class Custom(Attention):
         def forward(self, x):
