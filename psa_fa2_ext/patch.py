@@ -22,8 +22,9 @@ patch also registers a trainer callback that patches that model, its EMA and the
 trainer's final validation loads from the best checkpoint (through the validator's
 ``get_model``, which Ultralytics 8.3 lacks: there that validation runs unpatched); and the
 ``YOLO`` object's class is swapped the same way, for one whose ``train()`` patches the model
-that Ultralytics reloads from that checkpoint at its end. ``predict()`` keeps a copy of the model in a predictor after its
-first call: patching and unpatching a ``YOLO`` object reach that copy too. Multi-GPU training
+that Ultralytics reloads from that checkpoint at its end. ``predict()`` keeps a copy of the
+model in a predictor after its first call: patching and unpatching a ``YOLO`` object reach that
+copy too. Multi-GPU training
 (``device="0,1"``) trains in new processes: Ultralytics (``utils/dist.py``,
 ``generate_ddp_file``) pickles the trainer's class, args, model and callbacks with
 cloudpickle and each rank rebuilds the trainer from them. The model arrives unpatched
