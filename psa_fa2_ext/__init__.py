@@ -19,5 +19,5 @@ __all__ = [
 
 def build_info() -> dict:
     """Version, the torch it was built against, which CUDA kernels and archs were built, and
-    the instruction set the CPU kernels run on this machine ("avx2" or "baseline")."""
+    the instruction set the CPU kernels run on this machine ("avx512", "avx2" or "baseline")."""
     return dict(_C.build_info())

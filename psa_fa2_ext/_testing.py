@@ -7,8 +7,8 @@ from . import _C
 
 @contextlib.contextmanager
 def cpu_isa(isa: str):
-    """Run the CPU kernels' "baseline" or "avx2" copy of their tile math inside the block
-    (the CPU's own choice again after it)."""
+    """Run the CPU kernels' "baseline", "avx2" or "avx512" copy of their tile math inside the
+    block (the CPU's own choice again after it); a copy this CPU cannot run raises."""
     _C._force_cpu_isa(isa)
     try:
         yield

@@ -8,7 +8,9 @@ from psa_fa2_ext import _testing
 from helpers import (assert_close_to_reference, assert_lse_close, assert_zero_softmax_gradient,
                      forward_reference, grads_reference, make_qkv, rel_err)
 
-ISAS = ["baseline"] + (["avx2"] if psa_fa2_ext.build_info()["cpu_isa"] == "avx2" else [])
+# Every copy of the tile math this CPU runs: the baseline, and AVX2 / AVX-512 where it has them.
+ISAS = ["baseline"] + {"avx2": ["avx2"], "avx512": ["avx2", "avx512"]}.get(
+    psa_fa2_ext.build_info()["cpu_isa"], [])
 # Around the kernels' tiles (128 queries, 64 / 128 keys, 16 columns): one element, a
 # partial column block, exact tiles, one past, several tiles with a ragged end.
 SEQLENS = [1, 15, 17, 128, 129, 400, 1025]
@@ -146,7 +148,8 @@ def test_backward_is_deterministic(threads, dtype):
 
 
 def test_copies_agree():
-    """The baseline and AVX2 copies compute the same thing (to rounding: FMA or not)."""
+    """Every copy this CPU runs (baseline, AVX2, AVX-512) computes the same thing, to rounding
+    (FMA or not, and the GEMM's row blocks of 6 or 12)."""
     if len(ISAS) < 2:
         pytest.skip("this CPU has no AVX2 + FMA: only the baseline copy runs")
     _, q, k, v = make_qkv(2, 2, 300, 32, 64, torch.float32, "cpu", "channel_first")
@@ -155,8 +158,9 @@ def test_copies_agree():
     for isa in ISAS:
         with _testing.cpu_isa(isa):
             results.append(run(q, k, v, dout, 0.2))
-    for a, b in zip(*results):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -173,6 +177,15 @@ def test_impls_agree(dtype):
 
 def test_force_rejects_unknown_isa():
     with pytest.raises(ValueError, match="isa must be"):
-        with _testing.cpu_isa("avx512"):
+        with _testing.cpu_isa("sse4"):
             pass
-    assert psa_fa2_ext.build_info()["cpu_isa"] in ("avx2", "baseline")
+    assert psa_fa2_ext.build_info()["cpu_isa"] in ("avx512", "avx2", "baseline")
+
+
+def test_force_rejects_an_isa_this_cpu_lacks():
+    missing = [isa for isa in ("avx2", "avx512") if isa not in ISAS]
+    if not missing:
+        pytest.skip("this CPU runs every copy of the tile math")
+    with pytest.raises(ValueError, match="isa must be"):
+        with _testing.cpu_isa(missing[-1]):
+            pass

@@ -1,5 +1,5 @@
-"""Host time of the fused CPU kernels with each copy of their tile math ("avx2" where the CPU
-has it, and "baseline": SSE2 on x86-64, NEON on aarch64), forward and forward + backward, on
+"""Host time of the fused CPU kernels with each copy of their tile math ("avx512" and "avx2"
+where the CPU has them, and "baseline": SSE2 on x86-64, NEON on aarch64), forward and forward + backward, on
 the block's channel-first views, fp32. Compare two builds by running it from each build's
 tree in turn (PYTHONPATH=<tree>), rounds alternating.
 
@@ -39,12 +39,12 @@ def main():
                                  ("1x4x1600:32x64", "4x2x1600:32x32", "16x8x400:32x32")],
                         help="B x heads x N : dk x dv (default: %(default)s)")
     parser.add_argument("--isas", nargs="+", default=None,
-                        help="tile math copies to time (default: this CPU's: avx2 and baseline, "
-                             "or baseline alone)")
+                        help="tile math copies to time (default: every copy this CPU runs)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls; the best is kept")
     args = parser.parse_args()
-    isas = args.isas or (["avx2", "baseline"] if psa_fa2_ext.build_info()["cpu_isa"] == "avx2"
-                         else ["baseline"])
+    isas = args.isas or {"avx512": ["avx512", "avx2", "baseline"],
+                         "avx2": ["avx2", "baseline"]}.get(psa_fa2_ext.build_info()["cpu_isa"],
+                                                          ["baseline"])
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"this CPU's copy: {psa_fa2_ext.build_info()['cpu_isa']}")

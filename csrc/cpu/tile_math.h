@@ -1,16 +1,16 @@
 // The fp32 arithmetic of the fused CPU kernels: a small GEMM, exp2 and the column-wise
-// online softmax, on vectors of one register (8 floats with AVX2, else 4).
+// online softmax, on vectors of one register (16 floats with AVX-512, 8 with AVX2, else 4).
 //
 // Both directions work on transposed score tiles, S^T[key][query]: every softmax statistic
 // is a per-query (per-column) value, so max, sum and rescale are plain vertical vector ops
 // with no horizontal reductions, and channel-first inputs (stride of N == 1) are read in
 // place as the rows the vectors load.
 //
-// The code (tile_math_impl.h) is compiled twice on x86-64: for AVX2 + FMA and for the
-// baseline the rest of the extension is built for, as torch is, so that it still loads on
-// CPUs without AVX2; tile_math() picks one copy for the CPU it runs on, once. (at::vec would
-// give an extension the baseline only: torch chooses its AVX2 code at compile time, per
-// kernel file, with flags an extension's build does not get.)
+// The code (tile_math_impl.h) is compiled three times on x86-64: for AVX-512F, for AVX2 +
+// FMA and for the baseline the rest of the extension is built for, as torch is, so that it
+// still loads on CPUs without AVX2; tile_math() picks one copy for the CPU it runs on, once.
+// (at::vec would give an extension the baseline only: torch chooses its AVX2 code at compile
+// time, per kernel file, with flags an extension's build does not get.)
 #pragma once
 
 #include <cstdint>
@@ -54,14 +54,15 @@ struct TileMath {
   void (*scale_columns)(int64_t rows, int64_t ncols, float* x, const float* f);
 };
 
-// The copy for this CPU: AVX2 + FMA where the CPU has both, else the baseline.
+// The copy for this CPU: AVX-512 where it has AVX-512F, else AVX2 + FMA where it has both,
+// else the baseline.
 const TileMath& tile_math();
 
-// Its name, for build and run-time reports: "avx2" or "baseline".
+// Its name, for build and run-time reports: "avx512", "avx2" or "baseline".
 const char* tile_math_isa();
 
-// Tests only (psa_fa2_ext._testing): run the given copy ("avx2" or "baseline") from now on,
-// or the CPU's own again ("auto"), so that the baseline code runs on an AVX2 machine too.
+// Tests only (psa_fa2_ext._testing): run the given copy ("avx512", "avx2" or "baseline") from
+// now on, or the CPU's own again ("auto"), so that every copy a CPU can run is tested on it.
 void force_tile_math(const char* isa);
 
 }  // namespace cpu

@@ -1,7 +1,9 @@
 // The tile math of tile_math.h, compiled once per instruction set: included by
-// tile_math_baseline.cpp and tile_math_avx2.cpp, each defining PSA_TILE_ISA (the namespace
-// of its copy), PSA_TILE_TABLE (the TileMath that lists it) and PSA_TILE_LANES (floats per
-// vector). No include guard: it is meant to be compiled twice.
+// tile_math_baseline.cpp, tile_math_avx2.cpp and tile_math_avx512.cpp, each defining
+// PSA_TILE_ISA (the namespace of its copy), PSA_TILE_TABLE (the TileMath that lists it),
+// PSA_TILE_LANES (floats per vector) and, where it is not 16 (x86-64) or 32 (aarch64),
+// PSA_TILE_REGISTERS (vector registers). No include guard: it is meant to be compiled once per
+// copy.
 //
 // The vectors are GCC / Clang vector extensions of PSA_TILE_LANES floats, the width of one
 // register of the target: 8 in the AVX2 copy, 4 (16 bytes: SSE2 on x86-64, NEON on aarch64)
@@ -66,15 +68,19 @@ PSA_INLINE vec exp2v(vec x) {
 }
 
 // Rows of one micro-tile: as many as fit the target's vector registers beside one row of
-// B (kVecs registers) and one broadcast A value, at most 6: 6 with AVX2's 16 registers of 8
-// floats or aarch64's 32 of 4, 2 with SSE2's 16 of 4.
-#if defined(__aarch64__)
+// B (kVecs registers) and one broadcast A value, at most 6, or 12 where a row is one vector
+// (12 independent FMA chains, as AVX2's 6 rows of 2 make): 6 with AVX2's 16 registers of 8
+// floats or aarch64's 32 of 4, 2 with SSE2's 16 of 4, 12 with AVX-512's 32 of 16.
+#if defined(PSA_TILE_REGISTERS)
+constexpr int kVectorRegisters = PSA_TILE_REGISTERS;
+#elif defined(__aarch64__)
 constexpr int kVectorRegisters = 32;
 #else
 constexpr int kVectorRegisters = 16;
 #endif
 constexpr int kRowsFit = (kVectorRegisters - kVecs - 1) / kVecs;
-constexpr int kRows = kRowsFit < 6 ? kRowsFit : 6;
+constexpr int kRowsMax = kVecs == 1 ? 12 : 6;
+constexpr int kRows = kRowsFit < kRowsMax ? kRowsFit : kRowsMax;
 static_assert(kRows >= 1, "one row of accumulators must fit the registers");
 
 // One MR x kCols block of C: MR * kVecs accumulators, one row of B and one broadcast A value
