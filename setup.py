@@ -65,9 +65,7 @@ def cuda_arch_list():
     if requested:
         chosen, dropped = archs.supported(requested)
     elif torch.cuda.is_available():
-        major, minor = torch.cuda.get_device_capability()
-        chosen = archs.for_gpu(major, minor)
-        dropped = [] if major >= archs.MIN_MAJOR else [f"{major}.{minor} (the visible GPU)"]
+        chosen, dropped = archs.for_gpu(*torch.cuda.get_device_capability())
     else:
         chosen, dropped = archs.DEFAULT, []
     if dropped:

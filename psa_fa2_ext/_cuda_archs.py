@@ -37,8 +37,7 @@ def supported(arch_list):
 
 
 def for_gpu(major, minor):
-    """The arch to build for a visible GPU: its own (Hopper's 9.0 as 9.0a: the wgmma kernels
-    are sm_90a code, which runs on compute capability 9.0 only), or DEFAULT below 8.0."""
-    if major < MIN_MAJOR:
-        return DEFAULT
-    return f"{major}.{minor}" + ("a" if (major, minor) == (9, 0) else "")
+    """As supported(), for a visible GPU of compute capability major.minor: its own arch
+    (Hopper's 9.0 as 9.0a: the wgmma kernels are sm_90a code, which runs on compute capability
+    9.0 only), or DEFAULT below 8.0."""
+    return supported(f"{major}.{minor}" + ("a" if (major, minor) == (9, 0) else ""))

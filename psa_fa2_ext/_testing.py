@@ -5,6 +5,13 @@ import contextlib
 from . import _C
 
 
+def cpu_isas() -> list[str]:
+    """Every copy of the CPU kernels' tile math this CPU runs, the one it picks first: the
+    baseline always, AVX2 and AVX-512 where it has them."""
+    return {"avx512": ["avx512", "avx2", "baseline"],
+            "avx2": ["avx2", "baseline"]}.get(_C.build_info()["cpu_isa"], ["baseline"])
+
+
 @contextlib.contextmanager
 def cpu_isa(isa: str):
     """Run the CPU kernels' "baseline", "avx2" or "avx512" copy of their tile math inside the

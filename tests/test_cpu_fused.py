@@ -8,9 +8,7 @@ from psa_fa2_ext import _testing
 from helpers import (assert_close_to_reference, assert_lse_close, assert_zero_softmax_gradient,
                      forward_reference, grads_reference, make_qkv, rel_err)
 
-# Every copy of the tile math this CPU runs: the baseline, and AVX2 / AVX-512 where it has them.
-ISAS = ["baseline"] + {"avx2": ["avx2"], "avx512": ["avx2", "avx512"]}.get(
-    psa_fa2_ext.build_info()["cpu_isa"], [])
+ISAS = _testing.cpu_isas()  # every copy of the tile math this CPU runs
 # Around the kernels' tiles (128 queries, 64 / 128 keys, 16 columns): one element, a
 # partial column block, exact tiles, one past, several tiles with a ragged end.
 SEQLENS = [1, 15, 17, 128, 129, 400, 1025]

@@ -42,9 +42,7 @@ def main():
                         help="tile math copies to time (default: every copy this CPU runs)")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls; the best is kept")
     args = parser.parse_args()
-    isas = args.isas or {"avx512": ["avx512", "avx2", "baseline"],
-                         "avx2": ["avx2", "baseline"]}.get(psa_fa2_ext.build_info()["cpu_isa"],
-                                                          ["baseline"])
+    isas = args.isas or _testing.cpu_isas()
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"this CPU's copy: {psa_fa2_ext.build_info()['cpu_isa']}")
