@@ -35,7 +35,7 @@ def test_archs_below_8_are_left_out(archs, requested, chosen, dropped):
 
 
 @pytest.mark.parametrize("capability, arch, dropped", [
-    ((7, 5), "8.0+PTX;9.0a", ["7.5"]),  # T4: no kernels for it; the build stays usable on newer GPUs
+    ((7, 5), "8.0+PTX;9.0a", ["7.5"]),  # T4: no kernels; the build stays usable on newer GPUs
     ((8, 0), "8.0", []), ((8, 6), "8.6", []), ((8, 9), "8.9", []),
     ((9, 0), "9.0a", []),               # the wgmma kernels are sm_90a code
     ((12, 0), "12.0", []),
