@@ -92,8 +92,8 @@ struct SmemPlan {
 // flushed: every argument here is at most about 0).
 using flash_fwd_f32_detail::cp_async;
 using flash_fwd_f32_detail::cp_async_commit;
-using flash_fwd_f32_detail::cp_async_wait_all;
-using flash_fwd_f32_detail::fast_exp2;
+using flash_fwd_f32_detail::cp_async_wait;
+using flash_fwd_f32_detail::ex2;
 using flash_fwd_f32_detail::lds128;
 using flash_fwd_f32_detail::lds64;
 using flash_fwd_f32_detail::sts128;
@@ -235,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdPar
   float dk_acc[4][4] = {};              // [key][channel c0 + j]
   for (int step = step_begin; step < step_end; ++step) {
     const int str0 = step * kBlockM;
-    cp_async_wait_all();
+    cp_async_wait<0>();
     __syncthreads();  // this step's rows landed
 
     float s[4][4] = {}, dp[4][4] = {};  // [key a][row bb]
@@ -258,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdPar
 #pragma unroll
       for (int a = 0; a < 4; ++a) {
         const bool ok = row_ok && key_ok[a];
-        const float pv = ok ? fast_exp2(fmaf(s[a][bb], scale_log2, nl)) : 0.f;
+        const float pv = ok ? ex2(fmaf(s[a][bb], scale_log2, nl)) : 0.f;
         s[a][bb] = pv;
         dp[a][bb] = ok ? pv * (dp[a][bb] - dr) : 0.f;
       }
@@ -326,7 +326,7 @@ __global__ void __launch_bounds__(kThreads, 2) flash_bwd_f32_kernel(const BwdPar
     if (step + 1 < step_end) copy_grad_inputs(str0 + kBlockM);
     cp_async_commit();
   }
-  cp_async_wait_all();  // the last (empty) groups
+  cp_async_wait<0>();  // the last (empty) groups
 
   // dK += scale dS^T Q (dk was zeroed by the caller unless accumulating), dV = P^T dO; shared
   // tiles add both.

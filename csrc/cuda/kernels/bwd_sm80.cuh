@@ -36,6 +36,7 @@
 #include "launch_util.h"
 #include "launchers.h"
 #include "mma_softmax.cuh"
+#include "mma_sync_ptx.cuh"
 #include "stream_tile_images.h"
 
 namespace psa_fa2 {
@@ -79,64 +80,31 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_float(float x) { retur
 template <> __device__ __forceinline__ __half from_float(float x) { return __float2half_rn(x); }
 
 // ---------------------------------------------------------------------------------------
-// PTX wrappers
+// PTX wrappers (mma_sync_ptx.cuh), in this kernel's terms of element pointers and types
 // ---------------------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::smem_u32;
 
-// 16-byte async copy; bytes < 16 zero-fills the rest, bytes == 0 reads nothing.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, int bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(bytes));
-}
-__device__ __forceinline__ void cp_async8(void* dst, const void* src, int bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(bytes));
-}
-__device__ __forceinline__ void cp_async4(void* dst, const void* src, int bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-               "r"(bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kN>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kN));
+// kBytes async copy into a shared tile; bytes < kBytes zero-fills the rest, 0 reads nothing.
+template <int kBytes, typename T>
+__device__ __forceinline__ void cp_async(T* dst, const T* src, int bytes) {
+  ptx::cp_async<kBytes>(smem_u32(dst), src, bytes);
 }
 
 template <bool kTrans>
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
   if constexpr (kTrans) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+    ptx::ldsm_x4_trans(r, addr);
   } else {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(addr));
+    ptx::ldsm_x4(r, addr);
   }
 }
 
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1, __nv_bfloat16*) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1, __half*) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 template <typename T>
 __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                     uint32_t b1) {
-  mma16816(d, a, b0, b1, static_cast<T*>(nullptr));
+  ptx::mma_16816<std::is_same_v<T, __half> ? DType::kFloat16 : DType::kBFloat16>(d, a, b0, b1);
 }
 
 using mma_softmax::ex2;
@@ -247,7 +215,7 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t pitch, int t
       const int r = c / kCPR, d = (c % kCPR) * 8;
       const int tok = tok0 + r;
       const bool ok = tok < n;
-      cp_async16(s + TileT::off(r, d), ok ? g + tok * pitch + d : g, ok ? 16 : 0);
+      cp_async<16>(s + TileT::off(r, d), ok ? g + tok * pitch + d : g, ok ? 16 : 0);
     }
   } else {
     constexpr int kCPR = kRows / 8;  // 8-element chunks per channel row
@@ -260,16 +228,16 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, int64_t pitch, int t
       if (gran == 16) {
         int left = n - tok;
         left = left < 0 ? 0 : (left > 8 ? 8 : left);
-        cp_async16(dst, left ? src : g, left * 2);
+        cp_async<16>(dst, left ? src : g, left * 2);
       } else if (gran >= 4) {
         const int per = gran / 2;  // elements per copy
         for (int e = 0; e < 8; e += per) {
           int left = n - (tok + e);
           left = left < 0 ? 0 : (left > per ? per : left);
           if (gran == 8) {
-            cp_async8(dst + e, left ? src + e : g, left * 2);
+            cp_async<8>(dst + e, left ? src + e : g, left * 2);
           } else {
-            cp_async4(dst + e, left ? src + e : g, left * 2);
+            cp_async<4>(dst + e, left ? src + e : g, left * 2);
           }
         }
       } else {
@@ -509,7 +477,7 @@ __device__ __forceinline__ void owner_pass(const BwdParams& p, char* smem, int b
           const bool ok = tok < n;
           float* dst = (i < BM ? sLse : sDel) + buf * BM + r;
           const float* src = i < BM ? gLse : gDel;
-          cp_async4(dst, ok ? src + tok : src, ok ? 4 : 0);
+          cp_async<4>(dst, ok ? src + tok : src, ok ? 4 : 0);
         }
       }
     }

@@ -45,6 +45,7 @@
 #include "kv_split_scratch.h"
 #include "launch_util.h"
 #include "launchers.h"
+#include "mma_sync_ptx.cuh"
 
 namespace psa_fa2 {
 namespace flash_fwd_f32_detail {
@@ -71,38 +72,17 @@ __device__ __forceinline__ float4 lds128(const float* p) { return *reinterpret_c
 __device__ __forceinline__ float2 lds64(const float* p) { return *reinterpret_cast<const float2*>(p); }
 __device__ __forceinline__ void sts128(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 
-// 2^x for the softmax. exp2f compiles to the same MUFU.EX2 (max error ~2 ulp) wrapped in an input
-// and output rescale that keeps subnormal results (3 extra instructions per exp); here every
-// argument is s - max <= 0 and a row sum is >= 1, so a result below 2^-126 is 2^-102 of an ulp of
-// that sum, and flushing it (ex2.approx.ftz.f32) changes no output bit that matters. It gives
-// 2^-inf = +0 and 2^NaN = NaN, as exp2f does.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+// The MUFU exp2 and cp.async (mma_sync_ptx.cuh).
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::ex2;
+using ptx::smem_u32;
 
-// kBytes (16 or 4) async copy global -> shared; bytes past src_bytes are zero-filled, so masked
-// tails read nothing from global memory. .cg (L2 only) exists for 16-byte copies alone.
+// kBytes (16, 8 or 4) async copy global -> shared of fp32 tile data; bytes past src_bytes are
+// zero-filled, so masked tails read nothing from global memory.
 template <int kBytes>
 __device__ __forceinline__ void cp_async(float* dst, const float* src, int src_bytes) {
-  static_assert(kBytes == 16 || kBytes == 8 || kBytes == 4, "cp.async sizes");
-  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
-  if constexpr (kBytes == 16) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(d), "l"(src),
-                 "n"(kBytes), "r"(src_bytes)
-                 : "memory");
-  }
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-__device__ __forceinline__ void cp_async_wait_all() {
-  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  ptx::cp_async<kBytes>(smem_u32(dst), src, src_bytes);
 }
 
 // This CTA's (batch * heads + head) index. The epilogue re-reads it with opaque moves, so that
@@ -529,7 +509,7 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
     const int n0 = j * kBlockN;
     // Tile j landed (the only group in flight); the barrier publishes it and tells that every
     // warp is done with tile j - 1, whose stage is refilled next.
-    cp_async_wait_all();
+    cp_async_wait<0>();
     __syncthreads();
     if (j + 1 < j_end) {
       src.copy_kv(sK + (stage ^ 1) * Tr::kKFloats, sV + (stage ^ 1) * Tr::kVFloats,
@@ -583,13 +563,13 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
       // All scores so far -inf: 0 as the reference (weights 0, not NaN); NaN scores still
       // poison the row as in eager (fmaxf skips them, exp2f(NaN) = NaN).
       const float m_ref = m_new == -INFINITY ? 0.f : m_new;
-      const float alpha = fast_exp2(row_max[i] - m_ref);  // 0 on the first tile
+      const float alpha = ex2(row_max[i] - m_ref);  // 0 on the first tile
       row_max[i] = m_new;
       const float neg_m = -m_ref;
       float sum = 0.f;
 #pragma unroll
       for (int c = 0; c < kTN; ++c) {
-        s[i][c] = fast_exp2(fmaf(s[i][c], scale_log2, neg_m));
+        s[i][c] = ex2(fmaf(s[i][c], scale_log2, neg_m));
         sum += s[i][c];
       }
       row_sum[i] = fmaf(row_sum[i], alpha, sum);
@@ -627,7 +607,7 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
       }
     }
   }
-  cp_async_wait_all();  // only empty groups are left
+  cp_async_wait<0>();  // only empty groups are left
 
   // ---- Epilogue ----
   const int bh_e = block_bh<true>();

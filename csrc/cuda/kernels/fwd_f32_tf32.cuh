@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
     float* const sVs = sV + stage * Tr::kVFloats;
     // Tile j landed; round what this thread copied, then the barrier publishes it (and tells
     // that every warp is done with tile j - 1, whose stage is refilled next).
-    cp_async_wait_all();
+    cp_async_wait<0>();
     if (j == j_begin) Tr::q_copier(tid, params).for_each_copied(sQ, to_tf32);
     Tr::k_copier(tid, params).for_each_copied(sKs, to_tf32);
     Tr::v_copier(tid, params).for_each_copied(sVs, to_tf32);
@@ -162,7 +162,7 @@ __global__ void __launch_bounds__(kThreads, (F32Traits<kDk, kDv, kLayout, kVecBy
       }
     }
   }
-  cp_async_wait_all();  // only empty groups are left
+  cp_async_wait<0>();  // only empty groups are left
 
   // ---- Epilogue ----
   const int bh_e = block_bh<true>();

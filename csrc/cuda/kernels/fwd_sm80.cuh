@@ -30,6 +30,7 @@
 #include "launch_util.h"
 #include "launchers.h"
 #include "mma_softmax.cuh"
+#include "mma_sync_ptx.cuh"
 
 namespace psa_fa2 {
 namespace flash_fwd_detail {
@@ -85,80 +86,14 @@ __device__ __forceinline__ void pack_a_fragment(uint32_t (&a)[4], const float (&
   a[3] = pack2<kDtype>(c[2 * kk + 1][2], c[2 * kk + 1][3]);
 }
 
-// ---------------------------------------------------------------------------------------------
-// PTX wrappers
-// ---------------------------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte async copy global -> shared; bytes past src_bytes (0..16) are zero-filled, so masked
-// tails read nothing from global memory. The "memory" clobber keeps the compiler from moving
-// shared-memory accesses across the copy issue / wait.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes)
-               : "memory");
-}
-// The same with kBytes = 16, 8 or 4 (dst and src aligned to kBytes, 0 <= src_bytes <= kBytes).
-// .cg (L2 only) exists for 16-byte copies alone; 8 and 4 bytes must use .ca.
-template <int kBytes>
-__device__ __forceinline__ void cp_async(uint32_t dst, const void* src, int src_bytes) {
-  static_assert(kBytes == 16 || kBytes == 8 || kBytes == 4, "cp.async sizes");
-  if constexpr (kBytes == 16) {
-    cp_async_16(dst, src, src_bytes);
-  } else {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src),
-                 "n"(kBytes), "r"(src_bytes)
-                 : "memory");
-  }
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-
-// ldmatrix x4: lanes 8i..8i+7 give the row addresses of 8x8 matrix i, which lands in r[i].
-// Thread t receives row t/4, columns 2(t%4), 2(t%4)+1 of each matrix; with .trans, of its
-// transpose. The "memory" clobber orders these reads after the __syncthreads that publish the
-// cp.async data.
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-
-// D += A B for one 16x8x16 block. Fragments (g = lane/4, t = lane%4):
-//   A: a[0] = (row g,   k 2t..2t+1), a[1] = (row g+8, k 2t..), a[2] = (row g, k 2t+8..),
-//      a[3] = (row g+8, k 2t+8..)
-//   B: b0 = (k 2t..2t+1, col g), b1 = (k 2t+8.., col g)
-//   C: c[0..1] = (row g, cols 2t, 2t+1), c[2..3] = (row g+8, cols 2t, 2t+1)
-// Not volatile: pure register op, the scheduler may interleave it freely.
-template <DType kDtype>
-__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                          uint32_t b1) {
-  if constexpr (kDtype == DType::kBFloat16) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
-        "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
+// The PTX wrappers (mma_sync_ptx.cuh), by their short names here and in the Hopper kernels.
+using ptx::cp_async;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait;
+using ptx::ldsm_x4;
+using ptx::ldsm_x4_trans;
+using ptx::mma_16816;
+using ptx::smem_u32;
 
 // ---------------------------------------------------------------------------------------------
 // Shared-memory tiles

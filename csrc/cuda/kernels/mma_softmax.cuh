@@ -10,16 +10,14 @@
 
 #include <cmath>
 
+#include "mma_sync_ptx.cuh"
+
 namespace psa_fa2 {
 namespace mma_softmax {
 
-// 2^x on the MUFU. ex2(-inf) = +0 and ex2(NaN) = NaN, which the softmax relies on. The
-// backward kernel recomputes its probabilities with it too.
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
+// 2^x on the MUFU (mma_sync_ptx.cuh); the backward kernels recompute their probabilities
+// with it too.
+using ptx::ex2;
 
 // v[0] op v[1] op ... op v[kCount - 1] as a tree (depth log2(kCount)) rather than a chain; the
 // partial results are left in v.
