@@ -18,8 +18,9 @@
 namespace psa_fa2 {
 namespace cpu {
 
-// Columns of one micro-tile of every GEMM, and the unit that every column count (queries
-// of a tile, padded head dims) is rounded up to, so no loop has a tail.
+// Columns of the narrowest micro-tile of every GEMM (AVX-512 also runs tiles of twice as
+// many), and the unit that every column count (queries of a tile, padded head dims) is
+// rounded up to, so no loop has a tail.
 constexpr int64_t kCols = 16;
 
 inline int64_t round_up_cols(int64_t n) { return (n + kCols - 1) / kCols * kCols; }
