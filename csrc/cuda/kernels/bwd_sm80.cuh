@@ -82,15 +82,10 @@ template <> __device__ __forceinline__ __half from_float(float x) { return __flo
 // ---------------------------------------------------------------------------------------
 // PTX wrappers (mma_sync_ptx.cuh), in this kernel's terms of element pointers and types
 // ---------------------------------------------------------------------------------------
+using ptx::cp_async;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::smem_u32;
-
-// kBytes async copy into a shared tile; bytes < kBytes zero-fills the rest, 0 reads nothing.
-template <int kBytes, typename T>
-__device__ __forceinline__ void cp_async(T* dst, const T* src, int bytes) {
-  ptx::cp_async<kBytes>(smem_u32(dst), src, bytes);
-}
 
 template <bool kTrans>
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {

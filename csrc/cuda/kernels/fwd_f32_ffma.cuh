@@ -73,17 +73,10 @@ __device__ __forceinline__ float2 lds64(const float* p) { return *reinterpret_ca
 __device__ __forceinline__ void sts128(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 
 // The MUFU exp2 and cp.async (mma_sync_ptx.cuh).
+using ptx::cp_async;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 using ptx::ex2;
-using ptx::smem_u32;
-
-// kBytes (16, 8 or 4) async copy global -> shared of fp32 tile data; bytes past src_bytes are
-// zero-filled, so masked tails read nothing from global memory.
-template <int kBytes>
-__device__ __forceinline__ void cp_async(float* dst, const float* src, int src_bytes) {
-  ptx::cp_async<kBytes>(smem_u32(dst), src, src_bytes);
-}
 
 // This CTA's (batch * heads + head) index. The epilogue re-reads it with opaque moves, so that
 // b and h are recomputed there rather than kept live (spilled) across the main loop.

@@ -35,6 +35,11 @@ __device__ __forceinline__ void cp_async(uint32_t dst, const void* src, int src_
                  : "memory");
   }
 }
+// The same into the shared-memory element dst, from the global element src.
+template <int kBytes, typename T>
+__device__ __forceinline__ void cp_async(T* dst, const T* src, int src_bytes) {
+  cp_async<kBytes>(smem_u32(dst), src, src_bytes);
+}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
